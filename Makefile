@@ -1,0 +1,31 @@
+# Two set-up commands: `make demo` (the main job) and `make test` (the whole suite).
+# Both create and use the virtual environment .venv themselves.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv pods bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+pods:
+	$(MAKE) -C examples/pods
+
+demo: $(STAMP)
+	$(BIN)/python -m kube32.sim.demo
+
+test: $(STAMP) pods
+	$(BIN)/python -m pytest -q -x --durations=15 $(PYTEST_ARGS)
+
+bench: $(STAMP) pods
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Kube32: Kubernetes for microcontroller-class nodes running WebAssembly pods."""
