@@ -1,0 +1,920 @@
+"""Patch semantics of the API server: JSON merge patch, JSON patch, strategic merge
+patch and a practical server-side apply.
+
+Everything here is a pure function over plain JSON values (dict/list/str/int/float/
+bool/None).  No I/O and no other kube32 import, so the API server's handlers decide
+the HTTP status: every refusal is a ``PatchError`` whose message names the problem
+(the API answers 422 or 400 with it); ``ApplyConflict`` is the 409 case and carries
+one ``(field path, other manager)`` pair per conflicting field for Status causes.
+
+Invariants
+----------
+* Inputs are never mutated; results share no mutable structure with the inputs
+  (callers may store and later edit a result freely).
+* Patch directives (``$patch``, ``$setElementOrder/…``, ``$deleteFromPrimitiveList/…``,
+  ``$retainKeys``) never reach a result.
+
+JSON merge patch (RFC 7386)
+    ``json_merge_patch(target, patch)``: a non-object patch replaces the target;
+    ``null`` deletes a key; objects merge recursively; arrays are replaced.
+
+JSON patch (RFC 6902)
+    ``json_patch(target, ops)``: add/remove/replace/move/copy/test with RFC 6901
+    pointers (``~0`` = ``~``, ``~1`` = ``/``, ``-`` appends).  The operations are
+    applied to a copy one by one; the first failing one raises ``PatchError`` and
+    nothing is returned (all or nothing).  ``test`` compares JSON values (``1 ==
+    1.0`` but ``true != 1``).  The result must still be a JSON object.
+
+Strategic merge patch (Kubernetes SMP for built-in kinds)
+    Field strategies come from a small schema table per kind (``_KIND_SCHEMAS``) that
+    mirrors the ``patchStrategy``/``patchMergeKey`` struct tags of k8s.io/api:
+    containers/initContainers/ephemeralContainers/volumes/imagePullSecrets/env by
+    ``name``, volumeMounts by ``mountPath``, container ports by ``containerPort``,
+    Service ports by ``port``, ownerReferences by ``uid``, status conditions and Node
+    addresses by ``type``; ``finalizers`` (and Node ``podCIDRs``) are primitive lists
+    merged as a union.  Every list not in the table (tolerations, args, taints, …) is
+    replaced.  Pod specs are found under ``spec`` (Pod), ``spec.template.spec``
+    (Deployment, ReplicaSet, DaemonSet, StatefulSet, Job) and
+    ``spec.jobTemplate.spec.template.spec`` (CronJob).  Other built-in kinds
+    (``BUILTIN_KINDS``) get the ObjectMeta rules only.  Kinds outside
+    ``BUILTIN_KINDS`` (custom resources) are patched as RFC 7386 merge patch; the
+    real API server refuses SMP for them with 415, which the handler may prefer
+    (``is_strategic_kind`` tells it).
+
+    Directives, as in k8s.io/apimachinery/pkg/util/strategicpatch:
+    * ``null`` deletes a key (a null for an absent key is dropped, not stored);
+    * ``{"$patch": "replace", ...}`` in a map: the map becomes the rest of the patch
+      map; ``{"$patch": "replace"}`` as a list element: the list becomes the other
+      patch elements;
+    * ``{"$patch": "delete", <key>: v}`` in a merge list removes the element with that
+      key; ``{"$patch": "delete"}`` as a map value removes that key from its parent
+      (the whole document becomes ``{}`` at top level; upstream leaves ``{}`` in the
+      parent, deleting is what callers mean and is equivalent for defaulted fields);
+    * ``$setElementOrder/<f>``: after merging list ``f``, the elements named in the
+      order list are put in that order within the positions they occupy; elements
+      only on the server keep their positions;
+    * ``$deleteFromPrimitiveList/<f>``: those values are removed from primitive
+      list ``f`` before ``f`` itself is merged;
+    * ``$retainKeys``: keys of the live map not listed are dropped before merging;
+      a patch key missing from the list is an error (as upstream).
+
+Server-side apply (practical subset of structured-merge-diff)
+    ``server_side_apply(live, applied, manager, force, kind)`` upserts: with no live
+    object the applied config (minus nulls) is the object.  Otherwise the applied
+    config is merged into live with the SMP table's list semantics: maps
+    recursively, keyed lists item by item (live order kept, new items appended),
+    primitive merge lists as a set union, every other list replaced.
+
+    Ownership is recorded in ``metadata.managedFields`` exactly in the Kubernetes
+    wire form: one entry per (manager, operation) with ``fieldsType: FieldsV1`` and a
+    ``fieldsV1`` tree whose keys are ``f:<field>``, ``k:<compact JSON of the merge
+    key>`` for keyed-list items, ``v:<JSON value>`` for set-list values and ``.``
+    for "the item itself".  An applier owns every leaf it sets (scalars, replaced
+    lists, empty maps), plus each keyed item (``.``) and each set value it lists.
+    Identity and server-owned fields (apiVersion, kind, metadata.name/namespace/uid/
+    resourceVersion/generation/creationTimestamp/managedFields …) are never owned.
+
+    Rules:
+    * a leaf the applier sets to a value different from live, owned by another
+      manager whose operation is ``Apply``, is a conflict.  Without ``force`` all
+      conflicts are raised together in one ``ApplyConflict``; with ``force`` the
+      other managers lose those fields (and anything below them).
+    * managers with operation ``Update`` (plain writes, client-side apply) never
+      conflict here, and keep their entries; a field they own is shared.  (Real SSA
+      also reports conflicts against Update managers; the simple version doesn't,
+      because our plain writes don't maintain managedFields precisely.)
+    * a field this manager owned before and no longer applies is deleted from the
+      object unless another manager (any operation) owns it or something below it;
+      maps and lists that such a deletion leaves empty are pruned (top-level
+      fields are kept).
+    * applier entries that end up owning nothing are dropped.
+    * ``null`` in an applied config means "not specified".
+    Keyed lists use a single merge key (upstream container ports use
+    ``containerPort`` + ``protocol``).  Status handling, resourceVersion checks and
+    the ``kubectl-last-applied`` follow-up request are the caller's business.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping
+
+__all__ = [
+    "PatchError",
+    "ApplyConflict",
+    "json_merge_patch",
+    "json_patch",
+    "strategic_merge_patch",
+    "server_side_apply",
+    "is_strategic_kind",
+    "BUILTIN_KINDS",
+]
+
+
+class PatchError(Exception):
+    """A patch that cannot be applied; ``str(err)`` names the problem."""
+
+
+class ApplyConflict(PatchError):
+    """Server-side apply touched fields another Apply manager owns (HTTP 409)."""
+
+    def __init__(self, conflicts: list[tuple[str, str]]) -> None:
+        self.conflicts = list(conflicts)
+        detail = "; ".join(f'conflict with "{m}": {p}' for p, m in self.conflicts)
+        n = len(self.conflicts)
+        super().__init__(f"Apply failed with {n} conflict{'s' if n != 1 else ''}: {detail}")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _deep_copy(value: Any) -> Any:
+    return copy.deepcopy(value)
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON value equality: numbers by value, but booleans are not numbers."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+# ------------------------------------------------------------- JSON merge patch (7386)
+
+def json_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 merge of ``patch`` into ``target``; inputs are not mutated."""
+    return _merge_patch(_deep_copy(target), patch)
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    # ``target`` is already a private copy, so it is edited in place.
+    if not isinstance(patch, dict):
+        return _deep_copy(patch)
+    result = target if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge_patch(result.get(key), value)
+    return result
+
+
+# ----------------------------------------------------------------- JSON patch (6902)
+
+def _parse_pointer(pointer: Any, what: str) -> list[str]:
+    if not isinstance(pointer, str):
+        raise PatchError(f"{what} must be a JSON pointer string, got {pointer!r}")
+    if pointer == "":
+        return []
+    if not pointer.startswith("/"):
+        raise PatchError(f"{what} {pointer!r} is not a JSON pointer (must start with '/')")
+    return [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
+
+
+def _array_index(token: str, length: int, pointer: str, allow_end: bool) -> int:
+    if allow_end and token == "-":
+        return length
+    if not token.isdigit() or not token.isascii() or (len(token) > 1 and token[0] == "0"):
+        raise PatchError(f"path {pointer!r}: {token!r} is not a valid array index")
+    index = int(token)
+    limit = length if allow_end else length - 1
+    if index > limit:
+        raise PatchError(f"path {pointer!r}: index {index} is out of range (array length {length})")
+    return index
+
+
+def _resolve(doc: Any, tokens: list[str], pointer: str) -> Any:
+    node = doc
+    for depth, token in enumerate(tokens):
+        if isinstance(node, dict):
+            if token not in node:
+                where = "/" + "/".join(tokens[: depth + 1]) if depth + 1 < len(tokens) else pointer
+                raise PatchError(f"path {where!r} does not exist")
+            node = node[token]
+        elif isinstance(node, list):
+            node = node[_array_index(token, len(node), pointer, allow_end=False)]
+        else:
+            raise PatchError(f"path {pointer!r} goes through a value that is not an object or array")
+    return node
+
+
+def _jp_add(doc: Any, tokens: list[str], value: Any, pointer: str) -> Any:
+    if not tokens:
+        return value
+    parent = _resolve(doc, tokens[:-1], pointer)
+    last = tokens[-1]
+    if isinstance(parent, dict):
+        parent[last] = value
+    elif isinstance(parent, list):
+        parent.insert(_array_index(last, len(parent), pointer, allow_end=True), value)
+    else:
+        raise PatchError(f"path {pointer!r}: parent is not an object or array")
+    return doc
+
+
+def _jp_remove(doc: Any, tokens: list[str], pointer: str) -> tuple[Any, Any]:
+    if not tokens:
+        raise PatchError("cannot remove the whole document (path '')")
+    parent = _resolve(doc, tokens[:-1], pointer)
+    last = tokens[-1]
+    if isinstance(parent, dict):
+        if last not in parent:
+            raise PatchError(f"path {pointer!r} does not exist")
+        return doc, parent.pop(last)
+    if isinstance(parent, list):
+        return doc, parent.pop(_array_index(last, len(parent), pointer, allow_end=False))
+    raise PatchError(f"path {pointer!r}: parent is not an object or array")
+
+
+def _op_field(op: dict, name: str, index: int) -> Any:
+    if name not in op:
+        raise PatchError(f"operation {index} ({op.get('op')!r}) is missing {name!r}")
+    return op[name]
+
+
+def _apply_op(doc: Any, op: Any, index: int) -> Any:
+    if not isinstance(op, dict):
+        raise PatchError(f"operation {index} is not a JSON object")
+    kind = op.get("op")
+    path = _op_field(op, "path", index)
+    tokens = _parse_pointer(path, f"operation {index} path")
+    if kind == "add":
+        return _jp_add(doc, tokens, _deep_copy(_op_field(op, "value", index)), path)
+    if kind == "remove":
+        return _jp_remove(doc, tokens, path)[0]
+    if kind == "replace":
+        value = _deep_copy(_op_field(op, "value", index))
+        if not tokens:
+            return value
+        _resolve(doc, tokens, path)  # the target must exist
+        doc, _ = _jp_remove(doc, tokens, path)
+        return _jp_add(doc, tokens, value, path)
+    if kind in ("move", "copy"):
+        source = _op_field(op, "from", index)
+        from_tokens = _parse_pointer(source, f"operation {index} from")
+        if kind == "move":
+            if from_tokens == tokens:
+                _resolve(doc, tokens, path)
+                return doc
+            if tokens[: len(from_tokens)] == from_tokens:
+                raise PatchError(f"operation {index}: cannot move {source!r} into its own child {path!r}")
+            doc, value = _jp_remove(doc, from_tokens, source)
+        else:
+            value = _deep_copy(_resolve(doc, from_tokens, source))
+        return _jp_add(doc, tokens, value, path)
+    if kind == "test":
+        expected = _op_field(op, "value", index)
+        actual = _resolve(doc, tokens, path)
+        if not _json_equal(actual, expected):
+            raise PatchError(f"test operation {index} failed: value at {path!r} is "
+                             f"{json.dumps(actual)}, expected {json.dumps(expected)}")
+        return doc
+    raise PatchError(f"operation {index} has unknown op {kind!r} "
+                     "(expected add, remove, replace, move, copy or test)")
+
+
+def json_patch(target: dict, ops: list) -> dict:
+    """RFC 6902: apply ``ops`` to a copy of ``target``; all or nothing."""
+    if not isinstance(ops, list):
+        raise PatchError("a JSON patch must be a JSON array of operations")
+    doc = _deep_copy(target)
+    for index, op in enumerate(ops):
+        doc = _apply_op(doc, op, index)
+    if not isinstance(doc, dict):
+        raise PatchError("the patched document is not a JSON object")
+    return doc
+
+
+# ------------------------------------------------------------------ schema table
+
+@dataclass(frozen=True, eq=False)
+class _Struct:
+    """A map whose named fields have special strategies; other fields are plain."""
+    fields: Mapping[str, "_Rule"] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class _KeyedList:
+    """patchStrategy=merge with patchMergeKey=key: a list of maps merged by key."""
+    key: str
+    item: _Struct = field(default_factory=_Struct)
+
+
+@dataclass(frozen=True, eq=False)
+class _SetList:
+    """patchStrategy=merge on a list of scalars: set union."""
+
+
+_Rule = _Struct | _KeyedList | _SetList
+_PLAIN = _Struct()
+
+
+def _child_rule(rule: _Rule | None, name: str) -> _Rule | None:
+    return rule.fields.get(name) if isinstance(rule, _Struct) else None
+
+
+def _as_struct(rule: _Rule | None) -> _Struct:
+    return rule if isinstance(rule, _Struct) else _PLAIN
+
+
+_CONDITIONS = _KeyedList("type")
+_META = _Struct({"ownerReferences": _KeyedList("uid"), "finalizers": _SetList()})
+_CONTAINER = _Struct({
+    "env": _KeyedList("name"),
+    "ports": _KeyedList("containerPort"),
+    "volumeMounts": _KeyedList("mountPath"),
+    "volumeDevices": _KeyedList("devicePath"),
+    "resizePolicy": _KeyedList("resourceName"),
+})
+_POD_SPEC = _Struct({
+    "containers": _KeyedList("name", _CONTAINER),
+    "initContainers": _KeyedList("name", _CONTAINER),
+    "ephemeralContainers": _KeyedList("name", _CONTAINER),
+    "volumes": _KeyedList("name"),
+    "imagePullSecrets": _KeyedList("name"),
+    "hostAliases": _KeyedList("ip"),
+    "topologySpreadConstraints": _KeyedList("topologyKey"),
+    "resourceClaims": _KeyedList("name"),
+    "schedulingGates": _KeyedList("name"),
+})
+_POD_TEMPLATE = _Struct({"metadata": _META, "spec": _POD_SPEC})
+_STATUS_WITH_CONDITIONS = _Struct({"conditions": _CONDITIONS})
+
+
+def _workload(spec: _Struct) -> _Struct:
+    return _Struct({"metadata": _META, "spec": spec, "status": _STATUS_WITH_CONDITIONS})
+
+
+_TEMPLATED = _workload(_Struct({"template": _POD_TEMPLATE}))
+_KIND_SCHEMAS: dict[str, _Struct] = {
+    "Pod": _Struct({
+        "metadata": _META,
+        "spec": _POD_SPEC,
+        "status": _Struct({"conditions": _CONDITIONS, "podIPs": _KeyedList("ip"),
+                           "hostIPs": _KeyedList("ip")}),
+    }),
+    "PodTemplate": _Struct({"metadata": _META, "template": _POD_TEMPLATE}),
+    "Deployment": _TEMPLATED,
+    "ReplicaSet": _TEMPLATED,
+    "DaemonSet": _TEMPLATED,
+    "StatefulSet": _TEMPLATED,
+    "ReplicationController": _TEMPLATED,
+    "Job": _TEMPLATED,
+    "CronJob": _workload(_Struct({"jobTemplate": _Struct({"metadata": _META, "spec": _Struct(
+        {"template": _POD_TEMPLATE})})})),
+    "Service": _Struct({
+        "metadata": _META,
+        "spec": _Struct({"ports": _KeyedList("port")}),
+        "status": _STATUS_WITH_CONDITIONS,
+    }),
+    "Node": _Struct({
+        "metadata": _META,
+        "spec": _Struct({"podCIDRs": _SetList()}),
+        "status": _Struct({"conditions": _CONDITIONS, "addresses": _KeyedList("type")}),
+    }),
+    "Namespace": _workload(_PLAIN),
+    "ServiceAccount": _Struct({"metadata": _META, "secrets": _KeyedList("name"),
+                               "imagePullSecrets": _KeyedList("name")}),
+}
+_META_ONLY = _Struct({"metadata": _META})
+BUILTIN_KINDS: frozenset[str] = frozenset(_KIND_SCHEMAS) | {
+    "ConfigMap", "Secret", "Event", "Endpoints", "EndpointSlice", "Lease", "Eviction",
+    "LimitRange", "ResourceQuota", "PersistentVolume", "PersistentVolumeClaim",
+    "PodDisruptionBudget", "Binding", "ComponentStatus",
+}
+
+
+def is_strategic_kind(kind: str) -> bool:
+    """True when strategic merge patch applies to ``kind`` (built-in kinds)."""
+    return kind in BUILTIN_KINDS
+
+
+def _schema_for(kind: str) -> _Struct:
+    return _KIND_SCHEMAS.get(kind, _META_ONLY if kind in BUILTIN_KINDS else _PLAIN)
+
+
+# ------------------------------------------------------------ strategic merge patch
+
+_PATCH = "$patch"
+_RETAIN_KEYS = "$retainKeys"
+_ORDER = "$setElementOrder/"
+_DELETE_PRIMITIVE = "$deleteFromPrimitiveList/"
+_DELETE_ME = object()  # sentinel: "remove this key from the parent"
+
+
+def strategic_merge_patch(target: dict, patch: dict, kind: str) -> dict:
+    """Kubernetes strategic merge patch of ``patch`` into ``target`` for ``kind``."""
+    if not isinstance(patch, dict):
+        raise PatchError("a strategic merge patch must be a JSON object")
+    if not isinstance(target, dict):
+        raise PatchError("the object to patch is not a JSON object")
+    if not is_strategic_kind(kind):
+        return json_merge_patch(target, patch)
+    result = _merge_map(_deep_copy(target), patch, _schema_for(kind), "")
+    return {} if result is _DELETE_ME else result
+
+
+def _is_directive(key: str) -> bool:
+    return key in (_PATCH, _RETAIN_KEYS) or key.startswith((_ORDER, _DELETE_PRIMITIVE))
+
+
+def _merge_map(original: dict, patch: dict, rule: _Struct, where: str) -> Any:
+    """Merge ``patch`` into ``original`` (a private copy, edited in place)."""
+    directive = patch.get(_PATCH)
+    if directive == "delete":
+        return _DELETE_ME
+    if directive == "replace":
+        return _merge_map({}, {k: v for k, v in patch.items() if k != _PATCH}, rule, where)
+    if directive not in (None, "merge"):
+        raise PatchError(f"{where or 'patch'}: unknown $patch directive {directive!r} in a map")
+
+    if _RETAIN_KEYS in patch:
+        original = _retain_keys(original, patch, where)
+    for key, values in patch.items():
+        if key.startswith(_DELETE_PRIMITIVE):
+            _delete_from_primitive_list(original, key[len(_DELETE_PRIMITIVE):], values, where)
+
+    for key, value in patch.items():
+        if _is_directive(key):
+            continue
+        path = f"{where}.{key}"
+        if value is None:
+            original.pop(key, None)
+            continue
+        merged = _merge_value(original.get(key), value, _child_rule(rule, key), path)
+        if merged is _DELETE_ME:
+            original.pop(key, None)
+        else:
+            original[key] = merged
+
+    for key, order in patch.items():
+        if key.startswith(_ORDER):
+            name = key[len(_ORDER):]
+            _set_element_order(original, name, order, _child_rule(rule, name), f"{where}.{name}")
+    return original
+
+
+def _merge_value(original: Any, patch: Any, rule: _Rule | None, where: str) -> Any:
+    if isinstance(patch, dict):
+        base = original if isinstance(original, dict) else {}
+        return _merge_map(base, patch, _as_struct(rule), where)
+    if isinstance(patch, list):
+        base = original if isinstance(original, list) else []
+        if isinstance(rule, _KeyedList):
+            return _merge_keyed_list(base, patch, rule, where)
+        if isinstance(rule, _SetList):
+            return _merge_set_list(base, patch, where)
+        return _replace_list(patch, where)
+    return _deep_copy(patch)
+
+
+def _replace_list(patch: list, where: str) -> list:
+    # A replaced list may still carry directives for its own maps; cleaning it
+    # against an empty original drops them and the nulls.
+    return [_merge_value(None, item, None, where) for item in patch
+            if not (isinstance(item, dict) and item.get(_PATCH) == "delete")]
+
+
+def _split_list_directives(patch: list, where: str) -> tuple[bool, list]:
+    replace = False
+    items = []
+    for item in patch:
+        if isinstance(item, dict) and item.get(_PATCH) == "replace" and len(item) == 1:
+            replace = True
+        else:
+            items.append(item)
+    return replace, items
+
+
+def _item_key(item: Any, key: str, where: str) -> Any:
+    if not isinstance(item, dict):
+        raise PatchError(f"{where}: list elements must be objects (merged by {key!r}), got {item!r}")
+    if key not in item:
+        raise PatchError(f"{where}: element {json.dumps(item)} does not contain the merge key {key!r}")
+    return item[key]
+
+
+def _find_keyed(items: list, key: str, value: Any) -> int | None:
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and key in item and _json_equal(item[key], value):
+            return index
+    return None
+
+
+def _merge_keyed_list(original: list, patch: list, rule: _KeyedList, where: str) -> list:
+    replace, items = _split_list_directives(patch, where)
+    result = [] if replace else original
+    for item in items:
+        value = _item_key(item, rule.key, where)
+        directive = item.get(_PATCH)
+        index = _find_keyed(result, rule.key, value)
+        item_where = f"{where}[{rule.key}={json.dumps(value)}]"
+        if directive == "delete":
+            if index is not None:
+                del result[index]
+            continue
+        if directive not in (None, "merge", "replace"):
+            raise PatchError(f"{item_where}: unknown $patch directive {directive!r}")
+        base = result[index] if index is not None and isinstance(result[index], dict) else {}
+        merged = _merge_map(base, item, rule.item, item_where)
+        if merged is _DELETE_ME:
+            continue
+        if index is None:
+            result.append(merged)
+        else:
+            result[index] = merged
+    return result
+
+
+def _merge_set_list(original: list, patch: list, where: str) -> list:
+    replace, items = _split_list_directives(patch, where)
+    result = [] if replace else original
+    for item in items:
+        if isinstance(item, (dict, list)):
+            raise PatchError(f"{where}: expected a list of scalars, got element {json.dumps(item)}")
+        if not any(_json_equal(item, have) for have in result):
+            result.append(item)
+    return result
+
+
+def _retain_keys(original: dict, patch: dict, where: str) -> dict:
+    keep = patch[_RETAIN_KEYS]
+    if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep):
+        raise PatchError(f"{where or 'patch'}: $retainKeys must be a list of field names")
+    missing = [k for k in patch if not _is_directive(k) and patch[k] is not None and k not in keep]
+    if missing:
+        raise PatchError(f"{where or 'patch'}: field(s) {', '.join(sorted(missing))} "
+                         "are set in the patch but not listed in $retainKeys")
+    return {k: v for k, v in original.items() if k in keep}
+
+
+def _delete_from_primitive_list(original: dict, name: str, values: Any, where: str) -> None:
+    if not isinstance(values, list):
+        raise PatchError(f"{where}.{name}: $deleteFromPrimitiveList needs a list of values")
+    current = original.get(name)
+    if not isinstance(current, list):
+        return
+    original[name] = [v for v in current if not any(_json_equal(v, d) for d in values)]
+
+
+def _set_element_order(original: dict, name: str, order: Any, rule: _Rule | None,
+                       where: str) -> None:
+    if not isinstance(order, list):
+        raise PatchError(f"{where}: $setElementOrder needs a list")
+    current = original.get(name)
+    if not isinstance(current, list):
+        return
+    if isinstance(rule, _KeyedList):
+        wanted = [_item_key(item, rule.key, where) for item in order]
+
+        def identity(element: Any) -> Any:
+            return element.get(rule.key) if isinstance(element, dict) else None
+    elif isinstance(rule, _SetList):
+        wanted = list(order)
+
+        def identity(element: Any) -> Any:
+            return element
+    else:
+        return  # replaced lists keep the patch's order
+    rank = {json.dumps(v, sort_keys=True): i for i, v in reversed(list(enumerate(wanted)))}
+
+    def rank_of(element: Any) -> int | None:
+        ident = identity(element)
+        return None if ident is None else rank.get(json.dumps(ident, sort_keys=True))
+
+    # Listed elements are permuted among the slots they occupy; server-only
+    # elements keep their positions (a simplification of upstream's interleave).
+    slots = [i for i, element in enumerate(current) if rank_of(element) is not None]
+    ordered = sorted((current[i] for i in slots), key=lambda e: rank_of(e))
+    for slot, element in zip(slots, ordered):
+        current[slot] = element
+
+
+# ----------------------------------------------------------------- server-side apply
+
+# Paths are tuples of FieldsV1 path elements: "f:<name>", "k:<json>", "v:<json>", ".".
+_Path = tuple[str, ...]
+_UNOWNED_TOP = {"apiVersion", "kind"}
+_UNOWNED_META = {"name", "namespace", "uid", "resourceVersion", "generation",
+                 "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                 "managedFields", "selfLink", "generateName"}
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _drop_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+def _owned_paths(value: Any, rule: _Rule | None, prefix: _Path, top: bool = False) -> set[_Path]:
+    """The FieldsV1 leaf paths an applier of ``value`` owns."""
+    paths: set[_Path] = set()
+    for name, child in value.items():
+        if top and name in _UNOWNED_TOP:
+            continue
+        path = prefix + (f"f:{name}",)
+        child_rule = _child_rule(rule, name)
+        if top and name == "metadata" and isinstance(child, dict):
+            child = {k: v for k, v in child.items() if k not in _UNOWNED_META}
+            if not child:
+                continue
+        if isinstance(child, dict) and child:
+            paths |= _owned_paths(child, _as_struct(child_rule), path)
+        elif isinstance(child, list) and child and isinstance(child_rule, _KeyedList):
+            for item in child:
+                item_path = path + (f"k:{_compact({child_rule.key: item[child_rule.key]})}",)
+                paths.add(item_path + (".",))
+                paths |= _owned_paths(item, child_rule.item, item_path)
+        elif isinstance(child, list) and child and isinstance(child_rule, _SetList):
+            paths |= {path + (f"v:{_compact(item)}",) for item in child}
+        else:
+            paths.add(path)
+    return paths
+
+
+def _check_applied_lists(value: Any, rule: _Rule | None, where: str) -> None:
+    """Keyed lists in an applied config need unique merge keys on every element."""
+    if isinstance(value, dict):
+        for name, child in value.items():
+            _check_applied_lists(child, _child_rule(_as_struct(rule), name), f"{where}.{name}")
+    elif isinstance(value, list) and isinstance(rule, _KeyedList):
+        seen: list[Any] = []
+        for item in value:
+            key = _item_key(item, rule.key, where)
+            if any(_json_equal(key, s) for s in seen):
+                raise PatchError(f"{where}: duplicate entries for key [{rule.key}={json.dumps(key)}]")
+            seen.append(key)
+            _check_applied_lists(item, rule.item, f"{where}[{rule.key}={json.dumps(key)}]")
+    elif isinstance(value, list) and isinstance(rule, _SetList):
+        for item in value:
+            if isinstance(item, (dict, list)):
+                raise PatchError(f"{where}: expected a list of scalars, got {json.dumps(item)}")
+
+
+def _fields_to_tree(paths: Iterable[_Path]) -> dict:
+    tree: dict = {}
+    for path in sorted(paths):
+        node = tree
+        for element in path:
+            node = node.setdefault(element, {})
+    return tree
+
+
+def _tree_to_fields(tree: Any, prefix: _Path = ()) -> set[_Path]:
+    paths: set[_Path] = set()
+    if not isinstance(tree, dict):
+        return paths
+    for element, child in tree.items():
+        path = prefix + (element,)
+        if isinstance(child, dict) and child:
+            paths |= _tree_to_fields(child, path)
+        else:
+            paths.add(path)
+    return paths
+
+
+def _path_string(path: _Path) -> str:
+    out = []
+    for element in path:
+        if element.startswith("f:"):
+            out.append("." + element[2:])
+        elif element.startswith("k:"):
+            key = json.loads(element[2:])
+            out.append("[" + ",".join(f"{k}={json.dumps(v)}" for k, v in key.items()) + "]")
+        elif element.startswith("v:"):
+            out.append(f"[={element[2:]}]")
+    return "".join(out)
+
+
+_MISSING = object()
+
+
+def _locate(obj: Any, path: _Path) -> Any:
+    """The value at a FieldsV1 path, or ``_MISSING``."""
+    node = obj
+    for element in path:
+        if element == ".":
+            continue
+        if element.startswith("f:") and isinstance(node, dict):
+            node = node.get(element[2:], _MISSING)
+        elif element.startswith("k:") and isinstance(node, list):
+            ((key, value),) = json.loads(element[2:]).items()
+            index = _find_keyed(node, key, value)
+            node = _MISSING if index is None else node[index]
+        elif element.startswith("v:") and isinstance(node, list):
+            value = json.loads(element[2:])
+            node = value if any(_json_equal(value, v) for v in node) else _MISSING
+        else:
+            return _MISSING
+        if node is _MISSING:
+            return _MISSING
+    return node
+
+
+def _is_under(path: _Path, prefix: _Path) -> bool:
+    return path[: len(prefix)] == prefix
+
+
+def _item_prefix(path: _Path) -> _Path:
+    return path[:-1] if path and path[-1] == "." else path
+
+
+def _remove_path(obj: dict, path: _Path) -> None:
+    """Delete the field/item/value at ``path`` and prune maps left empty."""
+    target = _item_prefix(path)
+    parent = _locate(obj, target[:-1])
+    last = target[-1]
+    if last.startswith("f:") and isinstance(parent, dict):
+        parent.pop(last[2:], None)
+    elif last.startswith("k:") and isinstance(parent, list):
+        ((key, value),) = json.loads(last[2:]).items()
+        index = _find_keyed(parent, key, value)
+        if index is not None:
+            del parent[index]
+    elif last.startswith("v:") and isinstance(parent, list):
+        value = json.loads(last[2:])
+        parent[:] = [v for v in parent if not _json_equal(v, value)]
+    # Maps and lists emptied by the removal go too; top-level fields (spec, metadata) stay.
+    prefix = target[:-1]
+    while len(prefix) > 1 and prefix[-1].startswith("f:"):
+        node = _locate(obj, prefix)
+        holder = _locate(obj, prefix[:-1])
+        if not (isinstance(node, (dict, list)) and not node and isinstance(holder, dict)):
+            break
+        holder.pop(prefix[-1][2:], None)
+        prefix = prefix[:-1]
+
+
+def _apply_merge(live: Any, applied: Any, rule: _Rule | None) -> Any:
+    """Merge an applied config (nulls already dropped) into a private copy of live."""
+    if isinstance(applied, dict):
+        if not isinstance(live, dict):
+            return _deep_copy(applied)
+        struct = _as_struct(rule)
+        for name, value in applied.items():
+            live[name] = _apply_merge(live.get(name, _MISSING), value, _child_rule(struct, name))
+        return live
+    if isinstance(applied, list) and isinstance(live, list):
+        if isinstance(rule, _KeyedList):
+            for item in applied:
+                index = _find_keyed(live, rule.key, item[rule.key])
+                if index is None:
+                    live.append(_deep_copy(item))
+                else:
+                    live[index] = _apply_merge(live[index], item, rule.item)
+            return live
+        if isinstance(rule, _SetList):
+            return live + [v for v in applied if not any(_json_equal(v, have) for have in live)]
+    return _deep_copy(applied)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One managedFields entry; ``fields`` is None for entries we don't interpret."""
+    raw: dict
+    manager: str
+    operation: str
+    fields: frozenset[_Path] | None
+
+
+def _read_entries(live: dict) -> list[_Entry]:
+    entries = []
+    raw_entries = (live.get("metadata") or {}).get("managedFields") or []
+    for raw in raw_entries if isinstance(raw_entries, list) else []:
+        if not isinstance(raw, dict):
+            continue
+        fields = None
+        if raw.get("fieldsType", "FieldsV1") == "FieldsV1" and isinstance(raw.get("fieldsV1"), dict):
+            fields = frozenset(_tree_to_fields(raw["fieldsV1"]))
+        entries.append(_Entry(raw, str(raw.get("manager", "")), str(raw.get("operation", "")), fields))
+    return entries
+
+
+def _entry(manager: str, operation: str, api_version: Any, now: str, fields: Iterable[_Path],
+           base: dict | None = None) -> dict:
+    raw = {"manager": manager, "operation": operation}
+    if api_version is not None:
+        raw["apiVersion"] = api_version
+    raw.update({"time": now, "fieldsType": "FieldsV1", "fieldsV1": _fields_to_tree(fields)})
+    for key, value in (base or {}).items():
+        raw.setdefault(key, value)  # keep fields we don't manage (e.g. subresource)
+    return raw
+
+
+def server_side_apply(live: dict | None, applied: dict, manager: str, force: bool, kind: str,
+                      *, now: str | None = None) -> dict:
+    """Apply ``applied`` as ``manager``; returns the new object (see module docstring).
+
+    ``now`` (RFC 3339) stamps the entry this call writes; defaults to the UTC clock.
+    Raises ``ApplyConflict`` (409) or ``PatchError`` (bad applied config).
+    """
+    if not isinstance(applied, dict):
+        raise PatchError("an applied configuration must be a JSON object")
+    if not isinstance(manager, str) or not manager:
+        raise PatchError("fieldManager is required for apply requests")
+    if live is not None and not isinstance(live, dict):
+        raise PatchError("the live object is not a JSON object")
+    stamp = now or _now_rfc3339()
+    schema = _schema_for(kind)
+    config = _drop_nulls(applied)
+    if not isinstance(config.get("metadata", {}), dict):
+        raise PatchError("metadata of an applied configuration must be an object")
+    config.get("metadata", {}).pop("managedFields", None)
+    _check_applied_lists(config, schema, "")
+    mine = _owned_paths(config, schema, (), top=True)
+    api_version = config.get("apiVersion", (live or {}).get("apiVersion"))
+
+    if live is None:
+        result = _deep_copy(config)
+        result.setdefault("metadata", {})["managedFields"] = [
+            _entry(manager, "Apply", api_version, stamp, mine)]
+        return result
+
+    entries = _read_entries(live)
+    others = [e for e in entries if not (e.manager == manager and e.operation == "Apply")]
+    previous = next((e for e in entries if e.manager == manager and e.operation == "Apply"), None)
+
+    conflicts = _conflicts(live, config, mine, others)
+    if conflicts and not force:
+        raise ApplyConflict(sorted({(_path_string(p), m) for p, m in conflicts}))
+    lost: dict[str, set[_Path]] = {}
+    for path, other in conflicts:
+        lost.setdefault(other, set()).add(path)
+
+    result = _apply_merge(_deep_copy(live), config, schema)
+    new_others = [_without(e, lost.get(e.manager, set()) if e.operation == "Apply" else set())
+                  for e in others]
+    if previous is not None and previous.fields is not None:
+        _remove_dropped(result, previous.fields - mine, new_others)
+
+    mine_entry = _entry(manager, "Apply", api_version, stamp, mine,
+                        previous.raw if previous is not None else None)
+    replacement = {id(old): new for old, new in zip(others, new_others)}
+    managed = []
+    for entry in entries:
+        if entry.manager == manager and entry.operation == "Apply":
+            if entry is previous:
+                managed.append(mine_entry)  # an updated entry keeps its position
+            continue
+        updated = replacement[id(entry)]
+        if updated.fields is None or updated.fields or updated.operation != "Apply":
+            managed.append(updated.raw)
+    if previous is None:
+        managed.append(mine_entry)
+    result.setdefault("metadata", {})["managedFields"] = managed
+    return result
+
+
+def _conflicts(live: dict, config: dict, mine: set[_Path],
+               others: list[_Entry]) -> list[tuple[_Path, str]]:
+    found = []
+    for path in sorted(mine):
+        if path[-1] == ".":
+            continue  # an item itself never conflicts; its fields do
+        owners = [e.manager for e in others
+                  if e.operation == "Apply" and e.fields is not None and path in e.fields]
+        if not owners:
+            continue
+        if _json_equal(_locate(config, path), _locate(live, path)):
+            continue
+        found.extend((path, owner) for owner in owners)
+    return found
+
+
+def _without(entry: _Entry, paths: set[_Path]) -> _Entry:
+    if not paths or entry.fields is None:
+        return entry
+    kept = frozenset(p for p in entry.fields if not any(_is_under(p, lost) for lost in paths))
+    raw = dict(entry.raw)
+    raw["fieldsV1"] = _fields_to_tree(kept)
+    return _Entry(raw, entry.manager, entry.operation, kept)
+
+
+def _remove_dropped(result: dict, dropped: set[_Path], others: list[_Entry]) -> None:
+    owned_by_others = set().union(*(e.fields for e in others if e.fields is not None))
+    # Shallowest first: removing an item takes its fields along (their removal is
+    # then a no-op), while removing the fields first would lose the item's key.
+    for path in sorted(dropped, key=lambda p: len(_item_prefix(p))):
+        target = _item_prefix(path)
+        if any(_is_under(p, target) for p in owned_by_others):
+            continue
+        _remove_path(result, path)
