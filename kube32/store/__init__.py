@@ -1,0 +1,109 @@
+"""kube32.store: the object store under the API server (imports nothing above it).
+
+Interface (the contract with kube32.apiserver; an etcd backend can implement it too)::
+
+    from kube32.store import (Store, SQLiteStore, KeyValue, WatchEvent,
+                              StoreError, KeyExists, KeyNotFound, Conflict, Compacted)
+
+    @dataclass(frozen=True) class KeyValue:
+        key: str; value: bytes; create_revision: int; mod_revision: int
+    @dataclass(frozen=True) class WatchEvent:
+        type: str                 # "PUT" or "DELETE"
+        kv: KeyValue              # for DELETE: the last value, mod_revision = the delete's revision
+        prev: KeyValue | None     # the value before this event (None on create)
+        revision: int
+
+    class Store(Protocol):
+        current_revision: int     # property: the revision of the latest write (0 when empty)
+        compacted_revision: int   # property: history at or below it may be gone
+        async def get(key) -> KeyValue | None
+        async def list(prefix) -> tuple[list[KeyValue], int]    # sorted by key; + read revision
+        async def create(key, value) -> KeyValue                # KeyExists(key, current)
+        async def update(key, value, expected_mod_revision) -> KeyValue
+                                          # KeyNotFound(key) / Conflict(current KeyValue)
+                                          # extension: expected_mod_revision=None = unconditional
+        async def delete(key, expected_mod_revision=None) -> KeyValue
+                                          # the deleted KV with mod_revision = the delete's
+                                          # revision; KeyNotFound / Conflict
+        def watch(prefix, start_revision) -> AsyncIterator[WatchEvent]
+        async def compact(revision) -> None
+        async def close() -> None
+
+    class SQLiteStore(Store):
+        def __init__(path, history=10000, *, compact_every=1000, watch_queue_size=1000)
+        @classmethod async def open(path, history=10000, **options) -> SQLiteStore
+        watcher_count: int        # live subscriptions (for tests and metrics)
+
+    errors: StoreError (base; str(err) names the cause)
+            KeyExists(.key, .current)  KeyNotFound(.key)
+            Conflict(.current, .key, .expected_mod_revision)
+            Compacted(.compacted_revision, .requested_revision) -> the API's 410 Gone
+
+Semantics and invariants:
+- One global revision counter. Every successful create/update/delete bumps it by
+  exactly one, across all keys; failed writes change nothing. `create_revision` is
+  the revision that created the key (a delete then a create starts a new lifetime).
+  The revision survives a restart: reopening the file continues after the last one.
+- Keys are non-empty str without NUL; values are opaque bytes. A prefix matches by
+  plain string prefix: callers pass a trailing "/" ("/pods/default/") so that
+  "/pods/default-x/..." is not matched.
+- list() returns the current state sorted by key, and the revision it was read at
+  (read and revision are taken atomically: nothing runs between them).
+- watch(prefix, N) yields every event under prefix with revision > N, in revision
+  order, each exactly once: first replayed from the log, then live, with no gap
+  and no duplicate between the two (writes during the replay are delivered after
+  it). N = 0 means "from now" (the revision when watch() is called). If N is older
+  than compacted_revision (N < compacted_revision, N != 0), the first iteration
+  raises Compacted; watching from compacted_revision itself is fine because every
+  event after it is kept.
+- Live delivery: each write fans out, after its commit and before the write call
+  returns, to the subscribed watchers through bounded queues (watch_queue_size).
+  Writers never wait for readers. A reader whose queue overflows is unsubscribed and
+  transparently catches up from the log, so it still sees every event; if it fell
+  so far behind that the log was compacted past it, its iterator raises Compacted.
+  Watchers are grouped by prefix: a write costs one prefix test per distinct prefix
+  plus O(1) per interested watcher.
+- close() ends every live watch iterator (normally, without an error); any other
+  call on a closed store raises StoreError("the store is closed").
+- compact(R) drops history at or below R (R <= current_revision, else StoreError;
+  R <= compacted_revision is a no-op). The current value of every key survives.
+  SQLiteStore also compacts itself every `compact_every` writes, keeping at least
+  the last `history` revisions.
+
+SQLiteStore design (kine, the SQLite backend of k3s): an append-only `log` table
+(revision INTEGER PRIMARY KEY, key, value, create_revision, prev_revision, deleted)
+plus a `current` table (key -> revision of its latest log row) so get/list never
+scan history; watch replay is a range scan of `log` by revision. One writer: the
+event loop calls sqlite3 directly (each call is a few tens of microseconds), WAL
+with synchronous=NORMAL (a commit survives a crash of the process, the last ones
+may be lost on power loss), and an exclusive lock on the file so a second process
+opening it gets StoreError("... in use by another process"). See sqlite.py.
+"""
+
+from .base import (
+    DELETE,
+    PUT,
+    Compacted,
+    Conflict,
+    KeyExists,
+    KeyNotFound,
+    KeyValue,
+    Store,
+    StoreError,
+    WatchEvent,
+)
+from .sqlite import SQLiteStore
+
+__all__ = [
+    "DELETE",
+    "PUT",
+    "Compacted",
+    "Conflict",
+    "KeyExists",
+    "KeyNotFound",
+    "KeyValue",
+    "SQLiteStore",
+    "Store",
+    "StoreError",
+    "WatchEvent",
+]

@@ -1,0 +1,514 @@
+"""SQLiteStore: the revisioned log of kine (k3s' SQLite backend), for one process.
+
+Tables:
+  log(revision INTEGER PRIMARY KEY, key, value, create_revision, prev_revision, deleted)
+      append-only: one row per write. A delete row carries the deleted value.
+      prev_revision is the revision of the key's previous row (0 on create).
+  current(key PRIMARY KEY, revision) WITHOUT ROWID
+      the live keys, each pointing at its latest log row, so get/list never scan history.
+  meta(name PRIMARY KEY, value)
+      schema version and compacted_revision.
+
+Invariants:
+  - current_revision = max(MAX(log.revision), compacted_revision): compaction only removes
+    rows at or below compacted_revision, so the counter never goes back after a restart.
+  - Every log row with revision > compacted_revision is present, and so is every row they
+    name as prev_revision: compaction of (old, new] deletes exactly the rows superseded by a
+    row in that range, and the delete rows in it.
+  - Writes run synchronously in the event loop (one writer); fan-out to watchers happens
+    after the commit, in revision order, before the write call returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections import deque
+from pathlib import Path
+from typing import AsyncIterator
+
+from .base import (
+    DELETE,
+    PUT,
+    Compacted,
+    Conflict,
+    KeyExists,
+    KeyNotFound,
+    KeyValue,
+    StoreError,
+    WatchEvent,
+)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS log (
+    revision INTEGER PRIMARY KEY,
+    key TEXT NOT NULL,
+    value BLOB NOT NULL,
+    create_revision INTEGER NOT NULL,
+    prev_revision INTEGER NOT NULL,
+    deleted INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS current (
+    key TEXT PRIMARY KEY,
+    revision INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+
+_GET = (
+    "SELECT l.value, l.create_revision, l.revision FROM current c "
+    "JOIN log l ON l.revision = c.revision WHERE c.key = ?"
+)
+_LIST_COLUMNS = (
+    "SELECT c.key, l.value, l.create_revision, l.revision FROM current c "
+    "JOIN log l ON l.revision = c.revision "
+)
+_REPLAY_COLUMNS = (
+    "SELECT l.revision, l.key, l.value, l.create_revision, l.prev_revision, l.deleted, "
+    "p.value, p.create_revision FROM log l LEFT JOIN log p ON p.revision = l.prev_revision "
+    "WHERE l.revision > ? AND l.revision <= ? "
+)
+
+_MAX_CODE_POINT = 0x10FFFF
+_SURROGATES = range(0xD800, 0xE000)
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with `prefix` (None: no bound).
+
+    SQLite compares TEXT as UTF-8 bytes, which orders like code points, so bumping
+    the last code point that can be bumped gives an exclusive upper bound.
+    """
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop())
+        if last < _MAX_CODE_POINT:
+            nxt = last + 1
+            if nxt in _SURROGATES:
+                nxt = _SURROGATES.stop
+            return "".join(chars) + chr(nxt)
+    return None
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise StoreError(f"a key must be a non-empty string, not {key!r}")
+    _check_text(key, "key")
+    return key
+
+
+def _check_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str):
+        raise StoreError(f"a prefix must be a string, not {prefix!r}")
+    _check_text(prefix, "prefix")
+    return prefix
+
+
+def _check_text(text: str, what: str) -> None:
+    if "\x00" in text:
+        raise StoreError(f"a {what} must not contain NUL characters: {text!r}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StoreError(f"a {what} must be valid Unicode (no lone surrogates): {text!r}") from None
+
+
+def _check_value(value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise StoreError(f"a value must be bytes, not {type(value).__name__}")
+
+
+def _check_revision(revision: object, what: str) -> int:
+    if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
+        raise StoreError(f"{what} must be a non-negative integer, not {revision!r}")
+    return revision
+
+
+class _Watcher:
+    """One live subscription: a bounded queue the writer appends to without waiting."""
+
+    __slots__ = ("prefix", "events", "wakeup", "limit", "lagged", "closed")
+
+    def __init__(self, prefix: str, limit: int) -> None:
+        self.prefix = prefix
+        self.events: deque[WatchEvent] = deque()
+        self.wakeup = asyncio.Event()
+        self.limit = limit
+        self.lagged = False
+        self.closed = False
+
+    def push(self, event: WatchEvent) -> bool:
+        """Queue `event`; False (and the queue dropped) when the reader fell too far behind."""
+        if len(self.events) >= self.limit:
+            # The reader will catch up from the log instead; the writer never waits.
+            self.lagged = True
+            self.events.clear()
+            self.wakeup.set()
+            return False
+        self.events.append(event)
+        self.wakeup.set()
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        self.wakeup.set()
+
+    async def next(self) -> WatchEvent | None:
+        """The next live event, or None when lagged or closed."""
+        while not self.events:
+            if self.lagged or self.closed:
+                return None
+            self.wakeup.clear()
+            await self.wakeup.wait()
+        return self.events.popleft()
+
+
+class SQLiteStore:
+    """A `Store` in one SQLite file (or ":memory:"), owned by one process and one event loop."""
+
+    replay_page_size = 500
+
+    def __init__(
+        self,
+        path: str | Path,
+        history: int = 10000,
+        *,
+        compact_every: int = 1000,
+        watch_queue_size: int = 1000,
+    ) -> None:
+        if history < 0 or compact_every < 1 or watch_queue_size < 1:
+            raise StoreError(
+                "history must be >= 0, compact_every and watch_queue_size must be >= 1"
+            )
+        self._path = str(path)
+        self._history = history
+        self._compact_every = compact_every
+        self._watch_queue_size = watch_queue_size
+        self._writes_since_compact = 0
+        self._watchers: dict[str, set[_Watcher]] = {}
+        self._closed = False
+        self._db = self._connect(self._path)
+        self._compacted = self._meta("compacted_revision")
+        (last,) = self._db.execute("SELECT COALESCE(MAX(revision), 0) FROM log").fetchone()
+        self._revision = max(last, self._compacted)
+
+    @classmethod
+    async def open(cls, path: str | Path, history: int = 10000, **options: int) -> SQLiteStore:
+        return cls(path, history, **options)
+
+    # --- opening -----------------------------------------------------------
+
+    @staticmethod
+    def _connect(path: str) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot open the store {path!r}: {err}") from err
+        try:
+            # Exclusive locking: one process owns the file (a second opener fails fast
+            # instead of racing the in-memory revision counter), and WAL needs no shm.
+            db.execute("PRAGMA busy_timeout = 0")
+            db.execute("PRAGMA locking_mode = EXCLUSIVE")
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute("BEGIN IMMEDIATE")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            row = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta(name, value) VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise StoreError(
+                    f"the store {path!r} has schema version {row[0]}, "
+                    f"this program reads version {SCHEMA_VERSION}"
+                )
+            db.execute("COMMIT")
+        except sqlite3.OperationalError as err:
+            db.close()
+            if "locked" in str(err) or "busy" in str(err):
+                raise StoreError(f"the store {path!r} is in use by another process") from err
+            raise StoreError(f"cannot open the store {path!r}: {err}") from err
+        except sqlite3.DatabaseError as err:
+            db.close()
+            raise StoreError(f"{path!r} is not a Kube32 store: {err}") from err
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _meta(self, name: str) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    # --- properties --------------------------------------------------------
+
+    @property
+    def current_revision(self) -> int:
+        return self._revision
+
+    @property
+    def compacted_revision(self) -> int:
+        return self._compacted
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- reads -------------------------------------------------------------
+
+    async def get(self, key: str) -> KeyValue | None:
+        return self._get(_check_key(key))
+
+    def _get(self, key: str) -> KeyValue | None:
+        self._check_open()
+        row = self._db.execute(_GET, (key,)).fetchone()
+        return None if row is None else KeyValue(key, row[0], row[1], row[2])
+
+    async def list(self, prefix: str) -> tuple[list[KeyValue], int]:
+        self._check_open()
+        sql, params = self._key_range("c.key", _check_prefix(prefix))
+        rows = self._db.execute(_LIST_COLUMNS + "WHERE " + sql + " ORDER BY c.key", params)
+        return [KeyValue(k, v, c, m) for k, v, c, m in rows], self._revision
+
+    @staticmethod
+    def _key_range(column: str, prefix: str) -> tuple[str, tuple[str, ...]]:
+        end = prefix_end(prefix)
+        if end is None:
+            return f"{column} >= ?", (prefix,)
+        return f"{column} >= ? AND {column} < ?", (prefix, end)
+
+    # --- writes ------------------------------------------------------------
+
+    async def create(self, key: str, value: bytes) -> KeyValue:
+        key, value = _check_key(key), _check_value(value)
+        current = self._get(key)
+        if current is not None:
+            raise KeyExists(key, current)
+        revision = self._revision + 1
+        kv = KeyValue(key, value, revision, revision)
+        self._append(kv, prev_revision=0, deleted=False)
+        self._publish(WatchEvent(PUT, kv, None, revision))
+        return kv
+
+    async def update(
+        self, key: str, value: bytes, expected_mod_revision: int | None
+    ) -> KeyValue:
+        """Replace `key`'s value if its mod_revision is `expected_mod_revision`.
+
+        None (an extension of the interface) means "whatever the current revision is".
+        """
+        key, value = _check_key(key), _check_value(value)
+        current = self._current_for_write(key, expected_mod_revision)
+        revision = self._revision + 1
+        kv = KeyValue(key, value, current.create_revision, revision)
+        self._append(kv, prev_revision=current.mod_revision, deleted=False)
+        self._publish(WatchEvent(PUT, kv, current, revision))
+        return kv
+
+    async def delete(self, key: str, expected_mod_revision: int | None = None) -> KeyValue:
+        key = _check_key(key)
+        current = self._current_for_write(key, expected_mod_revision)
+        revision = self._revision + 1
+        kv = KeyValue(key, current.value, current.create_revision, revision)
+        self._append(kv, prev_revision=current.mod_revision, deleted=True)
+        self._publish(WatchEvent(DELETE, kv, current, revision))
+        return kv
+
+    def _current_for_write(self, key: str, expected_mod_revision: int | None) -> KeyValue:
+        if expected_mod_revision is not None:
+            _check_revision(expected_mod_revision, "expected_mod_revision")
+        current = self._get(key)
+        if current is None:
+            raise KeyNotFound(key)
+        if expected_mod_revision is not None and current.mod_revision != expected_mod_revision:
+            raise Conflict(current, expected_mod_revision)
+        return current
+
+    def _append(self, kv: KeyValue, *, prev_revision: int, deleted: bool) -> None:
+        """Write one log row and point (or stop pointing) `current` at it, atomically."""
+        db = self._db
+        try:
+            db.execute("BEGIN")
+            try:
+                db.execute(
+                    "INSERT INTO log(revision, key, value, create_revision, prev_revision, deleted)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (kv.mod_revision, kv.key, kv.value, kv.create_revision, prev_revision,
+                     int(deleted)),
+                )
+                if deleted:
+                    db.execute("DELETE FROM current WHERE key = ?", (kv.key,))
+                else:
+                    db.execute(
+                        "INSERT INTO current(key, revision) VALUES (?, ?) "
+                        "ON CONFLICT(key) DO UPDATE SET revision = excluded.revision",
+                        (kv.key, kv.mod_revision),
+                    )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot write key {kv.key!r}: {err}") from err
+        self._revision = kv.mod_revision
+
+    def _publish(self, event: WatchEvent) -> None:
+        lagged: list[_Watcher] = []
+        key = event.kv.key
+        # Watchers are grouped by prefix: the per-write cost is one startswith per
+        # distinct prefix plus one O(1) append per interested watcher.
+        for prefix, watchers in self._watchers.items():
+            if key.startswith(prefix):
+                for watcher in watchers:
+                    if not watcher.push(event):
+                        lagged.append(watcher)
+        for watcher in lagged:
+            self._unsubscribe(watcher)
+        self._writes_since_compact += 1
+        if self._writes_since_compact >= self._compact_every:
+            self._writes_since_compact = 0
+            target = self._revision - self._history
+            if target > self._compacted:
+                self._compact(target)
+
+    # --- compaction --------------------------------------------------------
+
+    async def compact(self, revision: int) -> None:
+        """Drop history at or below `revision`; a no-op if already compacted that far."""
+        self._check_open()
+        _check_revision(revision, "the compaction revision")
+        if revision > self._revision:
+            raise StoreError(
+                f"cannot compact to revision {revision}: the current revision is {self._revision}"
+            )
+        if revision > self._compacted:
+            self._compact(revision)
+
+    def _compact(self, revision: int) -> None:
+        db = self._db
+        low = self._compacted
+        try:
+            db.execute("BEGIN")
+            try:
+                # Every row superseded by a row in (low, revision] is named by its
+                # prev_revision; rows superseded earlier went in earlier compactions.
+                db.execute(
+                    "DELETE FROM log WHERE revision IN (SELECT prev_revision FROM log "
+                    "WHERE revision > ? AND revision <= ? AND prev_revision > 0)",
+                    (low, revision),
+                )
+                db.execute(
+                    "DELETE FROM log WHERE revision > ? AND revision <= ? AND deleted = 1",
+                    (low, revision),
+                )
+                db.execute(
+                    "INSERT INTO meta(name, value) VALUES ('compacted_revision', ?) "
+                    "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+                    (revision,),
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot compact to revision {revision}: {err}") from err
+        self._compacted = revision
+
+    # --- watch -------------------------------------------------------------
+
+    def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent]:
+        """Events with revision > start_revision under `prefix`: replayed, then live.
+
+        start_revision 0 means "from now" (the revision at this call, not at the
+        first iteration, so nothing written in between is missed).
+        """
+        start = start_revision if start_revision != 0 else self._revision
+        return self._stream(prefix, start)
+
+    async def _stream(self, prefix: str, start: int) -> AsyncIterator[WatchEvent]:
+        prefix = _check_prefix(prefix)
+        cursor = _check_revision(start, "start_revision")
+        if cursor < self._compacted:
+            raise Compacted(self._compacted, cursor)
+        while not self._closed:
+            # Subscribing and reading the revision with no await in between splits the
+            # stream exactly: the log holds (cursor, upto], the queue holds (upto, ...).
+            watcher = self._subscribe(prefix)
+            upto = self._revision
+            try:
+                while cursor < upto and not self._closed:
+                    page = self._replay_page(prefix, cursor, upto)
+                    for event in page:
+                        yield event
+                        cursor = event.revision
+                    if len(page) < self.replay_page_size:
+                        cursor = upto
+                while (event := await watcher.next()) is not None:
+                    if event.revision > cursor:  # a start_revision in the future
+                        yield event
+                        cursor = event.revision
+            finally:
+                self._unsubscribe(watcher)
+            # The queue overflowed (the reader was slow): catch up from the log.
+
+    def _replay_page(self, prefix: str, after: int, upto: int) -> list[WatchEvent]:
+        self._check_open()
+        if after < self._compacted:
+            raise Compacted(self._compacted, after)
+        sql, params = self._key_range("l.key", prefix)
+        rows = self._db.execute(
+            _REPLAY_COLUMNS + "AND " + sql + " ORDER BY l.revision LIMIT ?",
+            (after, upto, *params, self.replay_page_size),
+        ).fetchall()
+        return [self._event_from_row(row) for row in rows]
+
+    @staticmethod
+    def _event_from_row(row: tuple) -> WatchEvent:
+        revision, key, value, create_rev, prev_rev, deleted, prev_value, prev_create = row
+        kv = KeyValue(key, value, create_rev, revision)
+        prev = None
+        if prev_rev:
+            prev = KeyValue(key, prev_value, prev_create, prev_rev)
+        return WatchEvent(DELETE if deleted else PUT, kv, prev, revision)
+
+    def _subscribe(self, prefix: str) -> _Watcher:
+        watcher = _Watcher(prefix, self._watch_queue_size)
+        self._watchers.setdefault(prefix, set()).add(watcher)
+        return watcher
+
+    def _unsubscribe(self, watcher: _Watcher) -> None:
+        group = self._watchers.get(watcher.prefix)
+        if group is not None:
+            group.discard(watcher)
+            if not group:
+                del self._watchers[watcher.prefix]
+
+    @property
+    def watcher_count(self) -> int:
+        return sum(len(group) for group in self._watchers.values())
+
+    # --- closing -----------------------------------------------------------
+
+    async def close(self) -> None:
+        """Close the file; live watches end (their iterators stop). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for group in self._watchers.values():
+            for watcher in group:
+                watcher.close()
+        self._watchers.clear()
+        self._db.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
