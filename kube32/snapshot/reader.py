@@ -1,0 +1,535 @@
+"""SnapshotReader: validates a K32S v1 snapshot while its bytes arrive.
+
+Design:
+- One state machine, three ways to drive it: `read_from` (blocking socket
+  `recv_into` / file `readinto`, straight into the destination memory),
+  `read_async` (asyncio/aiohttp streams: `.read(n)` chunks copied into the
+  destination slice, n bounded by what the current part still needs) and
+  `feed`/`finish` (push style, for the API server storing an upload).
+- The reader never asks for more bytes than the current part needs, so a
+  pull reader stops exactly at the trailer and never consumes what follows.
+- Memory is written into the buffer the caller's `memory_target(header)`
+  returns (the new instance's memory); besides it the reader keeps only the
+  small sections and a scratch buffer of a few hundred bytes (64 KiB when it
+  skips memory without a target, or drains a broken snapshot).
+- The hash runs 32 bytes behind the stream (`_TailHash`): at any point it is
+  the SHA-256 of everything but the last 32 bytes seen.  So when the stream
+  ends where the structure says it should not, the reader can still tell a
+  snapshot whose trailer matches (written inconsistently: cause "section"…)
+  from damaged bytes (cause "trailer") and from a cut stream ("truncated").
+
+Order of judgement, and why:
+1. Header, as soon as its 68 bytes are in: magic, version/flags, image
+   SHA-256, then the memory limit - policy refusals, immediate.
+2. Structural faults (lengths that overrun, a memory section whose length
+   differs from the header, duplicate sections, malformed small sections,
+   bytes after the trailer) stop all writes into the memory target; the
+   reader drains the rest of the stream and then reports "trailer" when the
+   bytes were damaged, else the structural cause.
+3. The trailer.
+4. Globals and tables against the module.  An equal image SHA-256 means the
+   same module, so a mismatch here is damage or a writer bug: checking after
+   the trailer makes damage read as damage.
+Nothing is returned before all of this passed; `SnapshotError.memory_written`
+tells the caller when the memory target already holds snapshot bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Any
+
+from .format import (
+    HEADER_SIZE, MAGIC, MAX_PAGES, PAGE_SIZE, SECTION_CHANNELS, SECTION_EVENTS, SECTION_GLOBALS,
+    SECTION_HEAD_SIZE, SECTION_HEAD_STRUCT, SECTION_MEMORY, SECTION_TABLE, TRAILER_SIZE, VERSION,
+    ChannelState, GlobalState, Header, HeldEvent, Malformed, PodState, SectionInfo, Snapshot,
+    SnapshotError, TableState, decode_channels, decode_events, decode_globals, decode_header,
+    decode_table, section_name, valtype_name,
+)
+
+SMALL_SCRATCH = 512
+BULK_SCRATCH = 64 << 10
+MEMORY_CHUNK = 1 << 20  # one recv_into at most, so the hash runs on cache-warm bytes
+MAX_SMALL_SECTION = 16 << 20  # a damaged length must not make us buffer gigabytes
+
+TRUNCATED = "the snapshot ends before its trailer (truncated)"
+DAMAGED = "the snapshot's trailer does not match its contents (damaged in transfer or storage)"
+
+
+@dataclass(frozen=True)
+class ModuleShape:
+    """What the module being deployed has."""
+
+    image_sha256: bytes
+    memory_limit_bytes: int | None
+    globals: Mapping[int, int]  # index -> valtype of each mutable global
+    tables: Mapping[int, tuple[int, int | None]]  # index -> (min size, max size or None)
+
+
+class _Stage(Enum):
+    HEADER = auto()
+    SECTION_HEAD = auto()
+    SMALL = auto()      # a known small section, buffered
+    MEMORY = auto()     # into the memory target
+    SKIP = auto()       # hashed and dropped: unknown type, or memory without a target
+    TRAILER = auto()
+    DRAIN = auto()      # after a structural fault: hash to the end, then judge
+    DONE = auto()
+    FAILED = auto()
+
+
+class _TailHash:
+    """SHA-256 of everything but the last 32 bytes seen, and those bytes."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._tail = b""
+
+    def update(self, view: memoryview) -> None:
+        n = len(view)
+        if n >= TRAILER_SIZE:
+            if self._tail:
+                self._hash.update(self._tail)
+            self._hash.update(view[: n - TRAILER_SIZE])
+            self._tail = bytes(view[n - TRAILER_SIZE:])
+        else:
+            joined = self._tail + bytes(view)
+            if len(joined) > TRAILER_SIZE:
+                self._hash.update(joined[: len(joined) - TRAILER_SIZE])
+                joined = joined[len(joined) - TRAILER_SIZE:]
+            self._tail = joined
+
+    def tail_is_trailer(self) -> bool:
+        return len(self._tail) == TRAILER_SIZE and self._hash.digest() == self._tail
+
+    @property
+    def tail(self) -> bytes:
+        return self._tail
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
+
+
+class SnapshotReader:
+    def __init__(
+        self,
+        module: ModuleShape | None = None,
+        memory_target: Callable[[Header], memoryview] | None = None,
+        *,
+        total_size: int | None = None,
+    ) -> None:
+        """`memory_target` is called once, after the header is checked, and
+        returns a writable buffer of at least header.memory_bytes; None hashes
+        and skips the memory.  `total_size` (file size, Content-Length), when
+        known, lets overrunning lengths be found before their bytes arrive."""
+        self._module = module
+        self._memory_target = memory_target
+        self._total = total_size
+        self._hash = _TailHash()
+        self._pos = 0
+        self._stage = _Stage.HEADER
+        self._left: int | None = HEADER_SIZE
+        self._buf = bytearray()  # the part being buffered (header, section head, small body, trailer)
+        self._small_scratch = bytearray(SMALL_SCRATCH)
+        self._bulk_scratch: bytearray | None = None
+        self.header: Header | None = None
+        self._memory: memoryview | None = None
+        self._memory_offset = 0
+        self._memory_seen = False
+        self._memory_written = False
+        self._section_type = 0
+        self._sections: list[SectionInfo] = []
+        self._globals: tuple[GlobalState, ...] | None = None
+        self._tables: list[TableState] = []
+        self._channels: tuple[ChannelState, ...] | None = None
+        self._events: tuple[HeldEvent, ...] | None = None
+        self._pending: SnapshotError | None = None
+        self._error: SnapshotError | None = None
+        self._result: Snapshot | None = None
+
+    # ------------------------------------------------------------ drivers
+
+    @property
+    def done(self) -> bool:
+        return self._stage is _Stage.DONE
+
+    def read_from(self, src: Any) -> Snapshot:
+        """Blocking: a socket (recv_into), a binary file (readinto) or anything with read(n)."""
+        if hasattr(src, "recv_into"):
+            receive = src.recv_into
+        elif hasattr(src, "readinto"):
+            receive = src.readinto
+        else:
+            receive = _readinto_from_read(src)
+        while self._stage is not _Stage.DONE:
+            target = self._want()
+            n = receive(target)
+            if not n:
+                return self._end()
+            self._got(target[:n])
+        return self._end()
+
+    async def read_async(self, stream: Any) -> Snapshot:
+        """asyncio or aiohttp StreamReader: `.read(n)` chunks copied into place."""
+        while self._stage is not _Stage.DONE:
+            target = self._want()
+            data = await stream.read(len(target))
+            if not data:
+                return self._end()
+            n = len(data)
+            target[:n] = data
+            self._got(target[:n])
+        return self._end()
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Push style: any chunking.  Raises as soon as a refusal is certain."""
+        view = _as_bytes(memoryview(data))
+        while view:
+            if self._stage in (_Stage.DONE, _Stage.FAILED):
+                self._got(view)  # raises
+            if self._stage in (_Stage.MEMORY,):
+                target = self._want()
+                n = min(len(target), len(view))
+                target[:n] = view[:n]
+                self._got(target[:n])
+            else:
+                n = len(view) if self._left is None else min(self._left, len(view))
+                self._got(view[:n])
+            view = view[n:]
+
+    def finish(self) -> Snapshot:
+        """Push style: the upload ended."""
+        return self._end()
+
+    # ------------------------------------------------------------ the machine
+
+    def _want(self) -> memoryview:
+        """The buffer the next bytes should go to, no larger than the current part needs."""
+        stage = self._stage
+        if stage is _Stage.FAILED:
+            raise self._error  # type: ignore[misc]
+        if stage is _Stage.MEMORY:
+            assert self._memory is not None and self._left is not None
+            n = min(self._left, MEMORY_CHUNK)
+            return self._memory[self._memory_offset: self._memory_offset + n]
+        if stage in (_Stage.SKIP, _Stage.DRAIN) and (self._left is None or self._left > SMALL_SCRATCH):
+            if self._bulk_scratch is None:
+                self._bulk_scratch = bytearray(BULK_SCRATCH)
+            scratch = memoryview(self._bulk_scratch)
+        else:
+            scratch = memoryview(self._small_scratch)
+        return scratch if self._left is None else scratch[: min(self._left, len(scratch))]
+
+    def _got(self, view: memoryview) -> None:
+        """`view` holds the next len(view) bytes of the stream, already in place."""
+        stage = self._stage
+        if stage is _Stage.FAILED:
+            raise self._error  # type: ignore[misc]
+        if stage is _Stage.DONE:
+            self._fail_structure(
+                "section", f"bytes follow the snapshot's trailer at offset {self._pos}", drain=False
+            )
+        n = len(view)
+        self._hash.update(view)
+        self._pos += n
+        if stage is _Stage.DRAIN:
+            if self._left is not None:
+                self._left -= n
+                if self._left == 0:
+                    self._judge_drained()
+            return
+        assert self._left is not None
+        self._left -= n
+        if stage is _Stage.MEMORY:
+            self._memory_written = True
+            self._memory_offset += n
+        elif stage in (_Stage.HEADER, _Stage.SECTION_HEAD, _Stage.SMALL, _Stage.TRAILER):
+            self._buf += view
+        if self._left == 0:
+            self._complete()
+
+    def _complete(self) -> None:
+        stage = self._stage
+        data = bytes(self._buf)
+        self._buf = bytearray()
+        if stage is _Stage.HEADER:
+            self._on_header(data)
+        elif stage is _Stage.SECTION_HEAD:
+            self._on_section_head(data)
+        elif stage is _Stage.SMALL:
+            self._on_small_section(data)
+        elif stage in (_Stage.MEMORY, _Stage.SKIP):
+            self._next_section()
+        elif stage is _Stage.TRAILER:
+            self._on_trailer(data)
+
+    def _enter(self, stage: _Stage, length: int) -> None:
+        self._stage, self._left = stage, length
+        if length == 0:
+            self._complete()
+
+    def _fits(self, length: int) -> bool:
+        """Whether `length` more bytes fit before the trailer of a stream of known size."""
+        return self._total is None or self._pos + length + TRAILER_SIZE <= self._total
+
+    # ------------------------------------------------------------ parts
+
+    def _on_header(self, data: bytes) -> None:
+        magic, h = decode_header(data)
+        if magic != MAGIC:
+            self._refuse("magic", f"the data is not a K32S snapshot (it starts with {magic!r}, not b'K32S')")
+        if h.version != VERSION:
+            self._refuse("version", f"the snapshot is K32S version {h.version}; this node reads version {VERSION}")
+        if h.flags != 0:
+            self._refuse(
+                "version",
+                f"the snapshot uses flags 0x{h.flags:04X}; this node reads K32S version {VERSION} with flags 0",
+            )
+        self.header = h
+        module = self._module
+        if module is not None and h.image_sha256 != bytes(module.image_sha256):
+            self._refuse(
+                "image",
+                f"the snapshot was taken from image sha256:{h.image_sha256.hex()}, "
+                f"not from this pod's image sha256:{bytes(module.image_sha256).hex()}",
+            )
+        if h.memory_pages > MAX_PAGES or h.memory_bytes > h.memory_pages * PAGE_SIZE:
+            return self._fail_structure(
+                "memory-length",
+                f"the snapshot's header gives {h.memory_bytes} bytes of memory in {h.memory_pages} pages "
+                f"of 64 KiB, more than those pages hold",
+            )
+        if module is not None and module.memory_limit_bytes is not None and module.memory_limit_bytes < h.memory_bytes:
+            self._refuse(
+                "memory-limit",
+                f"the pod's memory limit of {module.memory_limit_bytes} bytes is below "
+                f"the snapshot's {h.memory_bytes} bytes of memory",
+            )
+        if self._total is not None and self._total < HEADER_SIZE + h.section_count * SECTION_HEAD_SIZE + h.memory_bytes + TRAILER_SIZE:
+            return self._fail_structure(
+                "section",
+                f"the snapshot is {self._total} bytes long, too short for the {h.section_count} sections "
+                f"and {h.memory_bytes} bytes of memory its header announces",
+            )
+        if self._memory_target is not None:
+            self._take_memory_target(h)
+        self._next_section()
+
+    def _take_memory_target(self, h: Header) -> None:
+        target = self._memory_target(h)  # type: ignore[misc]
+        view = _as_bytes(memoryview(target))
+        if view.readonly:
+            raise ValueError("the memory target must be writable")
+        if len(view) < h.memory_bytes:
+            self._refuse(
+                "memory-limit",
+                f"the pod's memory holds {len(view)} bytes, below the snapshot's {h.memory_bytes} bytes of memory",
+            )
+        self._memory = view
+
+    def _next_section(self) -> None:
+        assert self.header is not None
+        if len(self._sections) < self.header.section_count:
+            if not self._fits(SECTION_HEAD_SIZE):
+                return self._fail_structure(
+                    "section",
+                    f"the snapshot's header announces {self.header.section_count} sections, "
+                    f"but only {len(self._sections)} fit before its trailer",
+                )
+            return self._enter(_Stage.SECTION_HEAD, SECTION_HEAD_SIZE)
+        if self.header.memory_bytes and not self._memory_seen:
+            return self._fail_structure(
+                "memory-length",
+                f"the snapshot has no memory section, but its header gives {self.header.memory_bytes} bytes of memory",
+            )
+        if self._total is not None and self._pos + TRAILER_SIZE != self._total:
+            return self._fail_structure(
+                "section",
+                f"the snapshot's {self.header.section_count} sections end at byte {self._pos}, "
+                f"but its trailer starts at byte {self._total - TRAILER_SIZE}",
+            )
+        self._enter(_Stage.TRAILER, TRAILER_SIZE)
+
+    def _on_section_head(self, data: bytes) -> None:
+        type_, length = SECTION_HEAD_STRUCT.unpack(data)
+        number = len(self._sections) + 1
+        self._sections.append(SectionInfo(type_, self._pos - SECTION_HEAD_SIZE, length))
+        self._section_type = type_
+        label = f"section {number} ({section_name(type_)}, type {type_})"
+        if not self._fits(length):
+            remaining = self._total - self._pos - TRAILER_SIZE  # type: ignore[operator]
+            return self._fail_structure(
+                "section", f"{label} is {length} bytes long, but only {max(remaining, 0)} bytes remain before the trailer"
+            )
+        if type_ == SECTION_MEMORY:
+            return self._on_memory_head(label, length)
+        if type_ in (SECTION_GLOBALS, SECTION_TABLE, SECTION_CHANNELS, SECTION_EVENTS):
+            if length > MAX_SMALL_SECTION:
+                return self._fail_structure("section", f"{label} is {length} bytes long, too long for its kind")
+            return self._enter(_Stage.SMALL, length)
+        self._enter(_Stage.SKIP, length)  # a type this reader does not know: skipped, as the format says
+
+    def _on_memory_head(self, label: str, length: int) -> None:
+        assert self.header is not None
+        if self._memory_seen:
+            return self._fail_structure("duplicate-memory", f"{label} is a second memory section")
+        self._memory_seen = True
+        if length != self.header.memory_bytes:
+            return self._fail_structure(
+                "memory-length",
+                f"the memory section holds {length} bytes, but the snapshot's header gives {self.header.memory_bytes}",
+            )
+        self._memory_offset = 0
+        self._enter(_Stage.MEMORY if self._memory is not None else _Stage.SKIP, length)
+
+    def _on_small_section(self, body: bytes) -> None:
+        type_ = self._section_type
+        try:
+            if type_ == SECTION_GLOBALS:
+                if self._globals is not None:
+                    raise Malformed("the snapshot has two GLOBALS sections")
+                self._globals = decode_globals(body)
+            elif type_ == SECTION_TABLE:
+                table = decode_table(body)
+                if any(t.index == table.index for t in self._tables):
+                    raise Malformed(f"the snapshot has two TABLE sections for table {table.index}")
+                self._tables.append(table)
+            elif type_ == SECTION_CHANNELS:
+                if self._channels is not None:
+                    raise Malformed("the snapshot has two CHANNELS sections")
+                self._channels = decode_channels(body)
+            elif type_ == SECTION_EVENTS:
+                if self._events is not None:
+                    raise Malformed("the snapshot has two EVENTS sections")
+                self._events = decode_events(body)
+        except Malformed as err:
+            return self._fail_structure("section", str(err))
+        self._next_section()
+
+    def _on_trailer(self, trailer: bytes) -> None:
+        if self._hash.digest() != trailer:
+            self._refuse("trailer", DAMAGED)
+        if self._total is not None and self._pos != self._total:  # pragma: no cover - _next_section ensures it
+            self._refuse("section", f"bytes follow the snapshot's trailer at offset {self._pos}")
+        state = self._state()
+        self._check_module(state)
+        assert self.header is not None
+        self._result = Snapshot(self.header, state, trailer, tuple(self._sections))
+        self._stage, self._left = _Stage.DONE, 0
+
+    def _state(self) -> PodState:
+        h = self.header
+        assert h is not None
+        return PodState(
+            image_sha256=h.image_sha256, memory_bytes=h.memory_bytes, memory_pages=h.memory_pages,
+            pod_time_ms=h.pod_time_ms, unix_time_ms=h.unix_time_ms,
+            globals=self._globals or (), tables=tuple(self._tables),
+            channels=self._channels or (), events=self._events or (),
+        )
+
+    def _check_module(self, state: PodState) -> None:
+        module = self._module
+        if module is None:
+            return
+        in_snapshot = {g.index: g.valtype for g in state.globals}
+        for index, valtype in in_snapshot.items():
+            if index not in module.globals:
+                self._refuse(
+                    "global", f"global {index} is {valtype_name(valtype)} in the snapshot but the module has no mutable global {index}"
+                )
+            if module.globals[index] != valtype:
+                self._refuse(
+                    "global",
+                    f"global {index} is {valtype_name(valtype)} in the snapshot but "
+                    f"{valtype_name(module.globals[index])} in the module",
+                )
+        for index, valtype in sorted(module.globals.items()):
+            if index not in in_snapshot:
+                self._refuse(
+                    "global", f"the module's mutable global {index} ({valtype_name(valtype)}) is missing from the snapshot"
+                )
+        seen = set()
+        for table in state.tables:
+            seen.add(table.index)
+            if table.index not in module.tables:
+                self._refuse("table", f"table {table.index} is in the snapshot but the module has no table {table.index}")
+            low, high = module.tables[table.index]
+            size = len(table.entries)
+            if size < low:
+                self._refuse(
+                    "table", f"table {table.index} has {size} entries in the snapshot but the module's needs at least {low}"
+                )
+            if high is not None and size > high:
+                self._refuse(
+                    "table", f"table {table.index} has {size} entries in the snapshot but the module's holds at most {high}"
+                )
+        for index in sorted(set(module.tables) - seen):
+            self._refuse("table", f"the module's table {index} is missing from the snapshot")
+
+    # ------------------------------------------------------------ endings
+
+    def _end(self) -> Snapshot:
+        """The stream ended (EOF, or finish())."""
+        stage = self._stage
+        if stage is _Stage.FAILED:
+            raise self._error  # type: ignore[misc]
+        if stage is _Stage.DONE:
+            assert self._result is not None
+            return self._result
+        if self._total is not None and self._pos < self._total:
+            self._refuse("truncated", TRUNCATED)
+        if stage is _Stage.DRAIN:
+            self._judge_drained()
+        # The stream ended inside the structure of a snapshot of unknown size.
+        if self._hash.tail_is_trailer():
+            self._refuse(
+                "section",
+                f"the snapshot's sections run past its end: its last 32 bytes are a valid trailer at byte {self._pos - TRAILER_SIZE}",
+            )
+        self._refuse("truncated", TRUNCATED)
+        raise AssertionError("unreachable")
+
+    def _fail_structure(self, cause: str, message: str, *, drain: bool = True) -> None:
+        """A structural fault: stop writing memory, drain, then judge damage vs fault."""
+        error = SnapshotError(message, cause, self._memory_written)
+        if not drain:
+            self._stage, self._error = _Stage.FAILED, error
+            raise error
+        self._pending = error
+        self._memory = None
+        self._stage = _Stage.DRAIN
+        self._left = None if self._total is None else self._total - self._pos
+        if self._left is not None and self._left <= 0:
+            self._judge_drained()
+
+    def _judge_drained(self) -> None:
+        assert self._pending is not None
+        if self._hash.tail_is_trailer():
+            self._stage, self._error = _Stage.FAILED, self._pending
+            raise self._pending
+        self._refuse("trailer", DAMAGED)
+
+    def _refuse(self, cause: str, message: str) -> None:
+        error = SnapshotError(message, cause, self._memory_written)
+        self._stage, self._error = _Stage.FAILED, error
+        raise error
+
+
+def _as_bytes(view: memoryview) -> memoryview:
+    if view.ndim != 1 or view.itemsize != 1 or view.format != "B":
+        view = view.cast("B")
+    return view
+
+
+def _readinto_from_read(src: Any) -> Callable[[memoryview], int]:
+    def readinto(target: memoryview) -> int:
+        data = src.read(len(target))
+        if not data:
+            return 0
+        target[: len(data)] = data
+        return len(data)
+
+    return readinto

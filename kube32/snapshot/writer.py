@@ -1,0 +1,152 @@
+"""SnapshotWriter: streams a K32S v1 snapshot without a second memory buffer.
+
+Design:
+- The small parts (header, GLOBALS, one TABLE per table, CHANNELS, EVENTS) are
+  encoded up front into small buffers, so `total_size` is known before the
+  first byte goes out (Content-Length).
+- The memory section follows them and comes last: a reader can then judge
+  every small part before it touches the destination memory.
+- Memory goes out as slices (1 MiB) of the caller's buffer, a memoryview over
+  Wasm linear memory: never copied.  Each slice is hashed just before it is
+  handed out, so hashing and the socket progress together.
+- Sections appear in a fixed order (GLOBALS, TABLEs by position, CHANNELS,
+  EVENTS, MEMORY; empty GLOBALS/CHANNELS/EVENTS omitted), which makes the
+  encoding canonical: a snapshot read and written again is byte-identical.
+
+The caller keeps the memory unchanged while writing (the pod is frozen).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from .format import (
+    HEADER_SIZE, MAX_PAGES, PAGE_SIZE, SECTION_CHANNELS, SECTION_EVENTS, SECTION_GLOBALS,
+    SECTION_HEAD_SIZE, SECTION_MEMORY, SECTION_TABLE, TRAILER_SIZE, VERSION, Header, PodState,
+    encode_channels, encode_events, encode_globals, encode_header, encode_table, section_head,
+)
+
+WRITE_CHUNK = 1 << 20
+
+_U32_MAX = 0xFFFFFFFF
+_U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+def _byte_view(buf: memoryview | bytes | bytearray) -> memoryview:
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1 or view.format != "B":
+        view = view.cast("B")  # ctypes arrays come as '<B'
+    return view
+
+
+def _check_state(state: PodState, memory_len: int) -> None:
+    """Programming errors of the caller, not refusals: ValueError."""
+    if len(state.image_sha256) != 32:
+        raise ValueError("image_sha256 must be 32 bytes")
+    if not 0 <= state.memory_pages <= MAX_PAGES:
+        raise ValueError(f"memory_pages {state.memory_pages} is out of range")
+    if not 0 <= state.memory_bytes <= min(state.memory_pages * PAGE_SIZE, _U32_MAX):
+        raise ValueError(
+            f"memory_bytes {state.memory_bytes} exceeds memory_pages {state.memory_pages} * 65536 (or u32)"
+        )
+    if memory_len < state.memory_bytes:
+        raise ValueError(f"the memory buffer holds {memory_len} bytes, below memory_bytes {state.memory_bytes}")
+    for name in ("pod_time_ms", "unix_time_ms"):
+        if not 0 <= getattr(state, name) <= _U64_MAX:
+            raise ValueError(f"{name} does not fit a u64")
+    for g in state.globals:
+        if not (0 <= g.index <= _U32_MAX and 0 <= g.bits <= _U64_MAX):
+            raise ValueError(f"global {g.index} does not fit the format")
+    for t in state.tables:
+        if not 0 <= t.index <= _U32_MAX or any(not 0 <= e <= _U32_MAX for e in t.entries):
+            raise ValueError(f"table {t.index} does not fit the format")
+    for c in state.channels:
+        if not 0 <= c.handle <= _U32_MAX:
+            raise ValueError(f"channel handle {c.handle} does not fit a u32")
+    for e in state.events:
+        if len(e.payload) > _U32_MAX:
+            raise ValueError("an event payload does not fit a u32 length")
+
+
+class SnapshotWriter:
+    def __init__(self, state: PodState, memory: memoryview | bytes | bytearray) -> None:
+        view = _byte_view(memory)
+        _check_state(state, len(view))
+        self.state = state
+        self._memory = view[: state.memory_bytes]
+        self._small = self._encode_small_sections(state)
+        self.header = Header(
+            version=VERSION, flags=0, image_sha256=bytes(state.image_sha256),
+            memory_bytes=state.memory_bytes, memory_pages=state.memory_pages,
+            pod_time_ms=state.pod_time_ms, unix_time_ms=state.unix_time_ms,
+            section_count=len(self._small) + 1,
+        )
+        self.total_size: int = (
+            HEADER_SIZE + sum(len(s) for s in self._small)
+            + SECTION_HEAD_SIZE + state.memory_bytes + TRAILER_SIZE
+        )
+        self.sha256: bytes | None = None  # the trailer, once written
+
+    @staticmethod
+    def _encode_small_sections(state: PodState) -> list[bytes]:
+        bodies: list[tuple[int, bytes]] = []
+        if state.globals:
+            bodies.append((SECTION_GLOBALS, encode_globals(state.globals)))
+        bodies.extend((SECTION_TABLE, encode_table(t)) for t in state.tables)
+        if state.channels:
+            bodies.append((SECTION_CHANNELS, encode_channels(state.channels)))
+        if state.events:
+            bodies.append((SECTION_EVENTS, encode_events(state.events)))
+        for type_, body in bodies:
+            if len(body) > _U32_MAX:
+                raise ValueError(f"a section of type {type_} is longer than a u32 length")
+        return [section_head(t, len(b)) + b for t, b in bodies]
+
+    def pieces(self) -> Iterator[memoryview]:
+        """The snapshot in order, trailer last.  Memory pieces are slices of
+        the caller's buffer; each is hashed before it is yielded."""
+        digest = hashlib.sha256()
+        head = encode_header(self.header)
+        for part in (head, *self._small, section_head(SECTION_MEMORY, self.state.memory_bytes)):
+            digest.update(part)
+            yield memoryview(part)
+        for offset in range(0, len(self._memory), WRITE_CHUNK):
+            piece = self._memory[offset: offset + WRITE_CHUNK]
+            digest.update(piece)
+            yield piece
+        self.sha256 = digest.digest()
+        yield memoryview(self.sha256)
+
+    def write_to(self, out: Any) -> bytes:
+        """Blocking: `out` has sendall() (socket) or write() (file).  Returns the trailer."""
+        send = getattr(out, "sendall", None) or _full_write(out)
+        for piece in self.pieces():
+            send(piece)
+        assert self.sha256 is not None
+        return self.sha256
+
+    async def write_async(self, write: Callable[[memoryview], Awaitable[Any]]) -> bytes:
+        """`write` is an async callable such as aiohttp's `resp.write`.  Returns the trailer."""
+        for piece in self.pieces():
+            await write(piece)
+        assert self.sha256 is not None
+        return self.sha256
+
+    def to_bytes(self) -> bytes:
+        """The whole snapshot in one buffer: for tests and small snapshots only."""
+        return b"".join(self.pieces())
+
+
+def _full_write(out: Any) -> Callable[[memoryview], None]:
+    """A write() that may write partially (raw files) made to write everything."""
+
+    def send(piece: memoryview) -> None:
+        while piece:
+            n = out.write(piece)
+            if n is None:  # non-blocking raw stream with nothing written: not supported
+                raise BlockingIOError("the output would block")
+            piece = piece[n:]
+
+    return send
