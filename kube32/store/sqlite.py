@@ -428,37 +428,50 @@ class SQLiteStore:
     def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent]:
         """Events with revision > start_revision under `prefix`: replayed, then live.
 
-        start_revision 0 means "from now" (the revision at this call, not at the
-        first iteration, so nothing written in between is missed).
+        The subscription starts at this call, not at the first iteration: with
+        start_revision 0 ("from now") nothing written in between is missed, and a
+        compaction in between cannot make a "from now" watch fail. An iterator
+        that is never started stays subscribed until its queue overflows.
         """
-        start = start_revision if start_revision != 0 else self._revision
-        return self._stream(prefix, start)
+        now = self._revision
+        first = None
+        if isinstance(prefix, str) and not self._closed:
+            first = self._subscribe(prefix)
+        return self._stream(prefix, start_revision, now, first)
 
-    async def _stream(self, prefix: str, start: int) -> AsyncIterator[WatchEvent]:
-        prefix = _check_prefix(prefix)
-        cursor = _check_revision(start, "start_revision")
-        if cursor < self._compacted:
-            raise Compacted(self._compacted, cursor)
-        while not self._closed:
-            # Subscribing and reading the revision with no await in between splits the
-            # stream exactly: the log holds (cursor, upto], the queue holds (upto, ...).
-            watcher = self._subscribe(prefix)
-            upto = self._revision
-            try:
-                while cursor < upto and not self._closed:
-                    page = self._replay_page(prefix, cursor, upto)
-                    for event in page:
-                        yield event
-                        cursor = event.revision
-                    if len(page) < self.replay_page_size:
-                        cursor = upto
-                while (event := await watcher.next()) is not None:
-                    if event.revision > cursor:  # a start_revision in the future
-                        yield event
-                        cursor = event.revision
-            finally:
-                self._unsubscribe(watcher)
-            # The queue overflowed (the reader was slow): catch up from the log.
+    async def _stream(
+        self, prefix: str, start: int, now: int, first: _Watcher | None
+    ) -> AsyncIterator[WatchEvent]:
+        try:
+            prefix = _check_prefix(prefix)
+            cursor = _check_revision(start, "start_revision") or now
+            if start != 0 and cursor < self._compacted:
+                raise Compacted(self._compacted, cursor)
+            # A subscription and the revision read with no await in between split the
+            # stream exactly: the log holds (cursor, upto], the queue (upto, ...).
+            watcher, upto = first, now
+            while watcher is not None:
+                try:
+                    while cursor < upto and not self._closed:
+                        page = self._replay_page(prefix, cursor, upto)
+                        for event in page:
+                            yield event
+                            cursor = event.revision
+                        if len(page) < self.replay_page_size:
+                            cursor = upto
+                    while (event := await watcher.next()) is not None:
+                        if event.revision > cursor:  # a start_revision in the future
+                            yield event
+                            cursor = event.revision
+                finally:
+                    self._unsubscribe(watcher)
+                if watcher.closed or self._closed:
+                    return
+                # The queue overflowed (the reader was slow): catch up from the log.
+                watcher, upto = self._subscribe(prefix), self._revision
+        finally:
+            if first is not None:
+                self._unsubscribe(first)
 
     def _replay_page(self, prefix: str, after: int, upto: int) -> list[WatchEvent]:
         self._check_open()

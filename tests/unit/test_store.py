@@ -237,6 +237,18 @@ def test_watch_from_zero_means_from_the_call(tmp_path: Path) -> None:
     run_with_store(tmp_path / "s.db", check)
 
 
+def test_watch_from_zero_is_not_broken_by_a_compaction_before_it_starts(tmp_path: Path) -> None:
+    async def check(store: SQLiteStore) -> None:
+        events = store.watch("/k/", 0)
+        kv = await store.create("/k/a", b"")
+        await store.compact(store.current_revision)
+        assert revisions(await take(events, 1)) == [kv.mod_revision]
+        await events.aclose()
+        assert store.watcher_count == 0
+
+    run_with_store(tmp_path / "s.db", check)
+
+
 def test_watch_from_a_future_revision_skips_up_to_it(tmp_path: Path) -> None:
     async def check(store: SQLiteStore) -> None:
         events = store.watch("/k/", 3)
