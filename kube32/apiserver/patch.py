@@ -87,7 +87,7 @@ Server-side apply (practical subset of structured-merge-diff)
       object unless another manager (any operation) owns it or something below it;
       maps and lists that such a deletion leaves empty are pruned (top-level
       fields are kept).
-    * applier entries that end up owning nothing are dropped.
+    * Apply entries that end up owning nothing are dropped (the caller's own too).
     * ``null`` in an applied config means "not specified".
     Keyed lists use a single merge key (upstream container ports use
     ``containerPort`` + ``protocol``).  Status handling, resourceVersion checks and
@@ -197,8 +197,10 @@ def _resolve(doc: Any, tokens: list[str], pointer: str) -> Any:
     for depth, token in enumerate(tokens):
         if isinstance(node, dict):
             if token not in node:
-                where = "/" + "/".join(tokens[: depth + 1]) if depth + 1 < len(tokens) else pointer
-                raise PatchError(f"path {where!r} does not exist")
+                missing = "/" + "/".join(t.replace("~", "~0").replace("/", "~1")
+                                         for t in tokens[: depth + 1])
+                context = "" if missing == pointer else f" (needed by {pointer!r})"
+                raise PatchError(f"path {missing!r} does not exist{context}")
             node = node[token]
         elif isinstance(node, list):
             node = node[_array_index(token, len(node), pointer, allow_end=False)]
@@ -846,7 +848,7 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
     if live is None:
         result = _deep_copy(config)
         result.setdefault("metadata", {})["managedFields"] = [
-            _entry(manager, "Apply", api_version, stamp, mine)]
+            _entry(manager, "Apply", api_version, stamp, mine)] if mine else []
         return result
 
     entries = _read_entries(live)
@@ -872,13 +874,13 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
     managed = []
     for entry in entries:
         if entry.manager == manager and entry.operation == "Apply":
-            if entry is previous:
+            if entry is previous and mine:
                 managed.append(mine_entry)  # an updated entry keeps its position
             continue
         updated = replacement[id(entry)]
         if updated.fields is None or updated.fields or updated.operation != "Apply":
             managed.append(updated.raw)
-    if previous is None:
+    if previous is None and mine:
         managed.append(mine_entry)
     result.setdefault("metadata", {})["managedFields"] = managed
     return result

@@ -1,0 +1,661 @@
+"""Tests for kube32.apiserver.patch: RFC 7386, RFC 6902, strategic merge patch, SSA."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kube32.apiserver.patch import (
+    ApplyConflict,
+    PatchError,
+    is_strategic_kind,
+    json_merge_patch,
+    json_patch,
+    server_side_apply,
+    strategic_merge_patch,
+)
+
+J = json.loads
+
+
+# ----------------------------------------------------------------- RFC 7386
+
+RFC7386_EXAMPLES = [  # RFC 7386 appendix A, verbatim
+    ('{"a":"b"}', '{"a":"c"}', '{"a":"c"}'),
+    ('{"a":"b"}', '{"b":"c"}', '{"a":"b","b":"c"}'),
+    ('{"a":"b"}', '{"a":null}', '{}'),
+    ('{"a":"b","b":"c"}', '{"a":null}', '{"b":"c"}'),
+    ('{"a":["b"]}', '{"a":"c"}', '{"a":"c"}'),
+    ('{"a":"c"}', '{"a":["b"]}', '{"a":["b"]}'),
+    ('{"a":{"b":"c"}}', '{"a":{"b":"d","c":null}}', '{"a":{"b":"d"}}'),
+    ('{"a":[{"b":"c"}]}', '{"a":[1]}', '{"a":[1]}'),
+    ('["a","b"]', '["c","d"]', '["c","d"]'),
+    ('{"a":"b"}', '["c"]', '["c"]'),
+    ('{"a":"foo"}', 'null', 'null'),
+    ('{"a":"foo"}', '"bar"', '"bar"'),
+    ('{"e":null}', '{"a":1}', '{"e":null,"a":1}'),
+    ('[1,2]', '{"a":"b","c":null}', '{"a":"b"}'),
+    ('{}', '{"a":{"bb":{"ccc":null}}}', '{"a":{"bb":{}}}'),
+]
+
+
+@pytest.mark.parametrize("target,patch,expected", RFC7386_EXAMPLES)
+def test_json_merge_patch_rfc7386_examples(target: str, patch: str, expected: str) -> None:
+    t, p = J(target), J(patch)
+    t0, p0 = copy.deepcopy(t), copy.deepcopy(p)
+    assert json_merge_patch(t, p) == J(expected)
+    assert (t, p) == (t0, p0)
+
+
+def test_json_merge_patch_result_shares_nothing_with_inputs() -> None:
+    target, patch = {"a": {"b": [1]}}, {"c": {"d": [2]}}
+    result = json_merge_patch(target, patch)
+    result["a"]["b"].append(9)
+    result["c"]["d"].append(9)
+    assert target == {"a": {"b": [1]}} and patch == {"c": {"d": [2]}}
+
+
+def test_kubectl_annotate_and_label_bodies() -> None:
+    live = {"metadata": {"name": "ck1", "annotations": {"foo": "bar", "keep": "1"}}}
+    added = json_merge_patch(live, {"metadata": {"annotations": {"new": "x"}}})
+    assert added["metadata"]["annotations"] == {"foo": "bar", "keep": "1", "new": "x"}
+    removed = json_merge_patch(live, {"metadata": {"annotations": {"foo": None}}})
+    assert removed["metadata"]["annotations"] == {"keep": "1"}
+
+
+# ----------------------------------------------------------------- RFC 6902
+
+RFC6902_EXAMPLES = [  # RFC 6902 appendix A (A.13 is about JSON parsing, not applicable)
+    ('{"foo":"bar"}', '[{"op":"add","path":"/baz","value":"qux"}]', '{"baz":"qux","foo":"bar"}'),
+    ('{"foo":["bar","baz"]}', '[{"op":"add","path":"/foo/1","value":"qux"}]',
+     '{"foo":["bar","qux","baz"]}'),
+    ('{"baz":"qux","foo":"bar"}', '[{"op":"remove","path":"/baz"}]', '{"foo":"bar"}'),
+    ('{"foo":["bar","qux","baz"]}', '[{"op":"remove","path":"/foo/1"}]', '{"foo":["bar","baz"]}'),
+    ('{"baz":"qux","foo":"bar"}', '[{"op":"replace","path":"/baz","value":"boo"}]',
+     '{"baz":"boo","foo":"bar"}'),
+    ('{"foo":{"bar":"baz","waldo":"fred"},"qux":{"corge":"grault"}}',
+     '[{"op":"move","from":"/foo/waldo","path":"/qux/thud"}]',
+     '{"foo":{"bar":"baz"},"qux":{"corge":"grault","thud":"fred"}}'),
+    ('{"foo":["all","grass","cows","eat"]}', '[{"op":"move","from":"/foo/1","path":"/foo/3"}]',
+     '{"foo":["all","cows","eat","grass"]}'),
+    ('{"baz":"qux","foo":["a",2,"c"]}',
+     '[{"op":"test","path":"/baz","value":"qux"},{"op":"test","path":"/foo/1","value":2}]',
+     '{"baz":"qux","foo":["a",2,"c"]}'),
+    ('{"foo":"bar"}', '[{"op":"add","path":"/child","value":{"grandchild":{}}}]',
+     '{"foo":"bar","child":{"grandchild":{}}}'),
+    ('{"foo":"bar"}', '[{"op":"add","path":"/baz","value":"qux","xyz":123}]',
+     '{"foo":"bar","baz":"qux"}'),
+    ('{"/":9,"~1":10}', '[{"op":"test","path":"/~01","value":10}]', '{"/":9,"~1":10}'),
+    ('{"foo":["bar"]}', '[{"op":"add","path":"/foo/-","value":["abc","def"]}]',
+     '{"foo":["bar",["abc","def"]]}'),
+    # beyond the appendix
+    ('{"a/b":1,"m~n":2}', '[{"op":"replace","path":"/a~1b","value":3},'
+     '{"op":"remove","path":"/m~0n"}]', '{"a/b":3}'),
+    ('{"a":{"b":[1,2]}}', '[{"op":"copy","from":"/a/b","path":"/c"},'
+     '{"op":"add","path":"/c/0","value":0}]', '{"a":{"b":[1,2]},"c":[0,1,2]}'),
+    ('{"a":1}', '[{"op":"test","path":"/a","value":1.0}]', '{"a":1}'),
+    ('{"a":1}', '[{"op":"replace","path":"","value":{"b":2}}]', '{"b":2}'),
+    ('{"a":{"b":1}}', '[{"op":"move","from":"/a","path":"/a"}]', '{"a":{"b":1}}'),
+    ('{"spec":{"unschedulable":true}}', '[{"op":"remove","path":"/spec/unschedulable"}]',
+     '{"spec":{}}'),
+]
+
+
+@pytest.mark.parametrize("target,ops,expected", RFC6902_EXAMPLES)
+def test_json_patch_examples(target: str, ops: str, expected: str) -> None:
+    t, o = J(target), J(ops)
+    t0 = copy.deepcopy(t)
+    assert json_patch(t, o) == J(expected)
+    assert t == t0
+
+
+RFC6902_ERRORS = [
+    ('{"baz":"qux"}', '[{"op":"test","path":"/baz","value":"bar"}]', "test operation 0 failed"),
+    ('{"foo":"bar"}', '[{"op":"add","path":"/baz/bat","value":"qux"}]', "'/baz' does not exist"),
+    ('{"/":9,"~1":10}', '[{"op":"test","path":"/~01","value":"10"}]', "test operation 0 failed"),
+    ('{"a":true}', '[{"op":"test","path":"/a","value":1}]', "test operation 0 failed"),
+    ('{"a":[1]}', '[{"op":"add","path":"/a/01","value":2}]', "not a valid array index"),
+    ('{"a":[1]}', '[{"op":"add","path":"/a/2","value":2}]', "out of range"),
+    ('{"a":[1]}', '[{"op":"remove","path":"/a/-"}]', "not a valid array index"),
+    ('{"a":1}', '[{"op":"remove","path":"/b"}]', "'/b' does not exist"),
+    ('{"a":1}', '[{"op":"replace","path":"/b","value":2}]', "'/b' does not exist"),
+    ('{"a":{"b":1}}', '[{"op":"move","from":"/a","path":"/a/b/c"}]', "its own child"),
+    ('{"a":1}', '[{"op":"frobnicate","path":"/a"}]', "unknown op 'frobnicate'"),
+    ('{"a":1}', '[{"op":"add","path":"/b"}]', "missing 'value'"),
+    ('{"a":1}', '[{"op":"add","value":1}]', "missing 'path'"),
+    ('{"a":1}', '[{"op":"add","path":"b","value":1}]', "must start with '/'"),
+    ('{"a":1}', '[{"op":"add","path":"/a/x","value":1}]', "not an object or array"),
+    ('{"a":1}', '[{"op":"replace","path":"","value":[1]}]', "not a JSON object"),
+    ('{"a":1}', '{"op":"add"}', "JSON array"),
+    ('{"a":1}', '[42]', "not a JSON object"),
+]
+
+
+@pytest.mark.parametrize("target,ops,message", RFC6902_ERRORS)
+def test_json_patch_errors_name_the_problem(target: str, ops: str, message: str) -> None:
+    t = J(target)
+    t0 = copy.deepcopy(t)
+    with pytest.raises(PatchError, match=message.replace("(", r"\(")):
+        json_patch(t, J(ops))
+    assert t == t0
+
+
+def test_json_patch_is_all_or_nothing() -> None:
+    target = {"a": 1}
+    with pytest.raises(PatchError):
+        json_patch(target, [{"op": "add", "path": "/b", "value": 2},
+                            {"op": "test", "path": "/a", "value": 5}])
+    assert target == {"a": 1}
+
+
+# ------------------------------------------------------------ strategic merge patch
+
+KUBECTL_APPLY_BODY = (
+    '{"metadata":{"annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{}\\n"},'
+    '"labels":{"b":null}},"spec":{"replicas":2,"template":{"spec":{'
+    '"$setElementOrder/containers":[{"name":"c"}],"containers":[{"$setElementOrder/env":'
+    '[{"name":"Y"}],"env":[{"$patch":"delete","name":"X"}],"image":"nginx:2","name":"c"},'
+    '{"$patch":"delete","name":"side"}]}}}}'
+)
+
+
+def _deployment(kind: str = "Deployment") -> dict:
+    return {
+        "apiVersion": "apps/v1", "kind": kind,
+        "metadata": {"name": "web", "labels": {"a": "1", "b": "2"},
+                     "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "old"}},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [
+                     {"name": "c", "image": "nginx:1",
+                      "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]},
+                     {"name": "side", "image": "busybox"}]}}},
+    }
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "ReplicaSet", "DaemonSet"])
+def test_kubectl_client_side_apply_body(kind: str) -> None:
+    live = _deployment(kind)
+    live0 = copy.deepcopy(live)
+    patch = J(KUBECTL_APPLY_BODY)
+    result = strategic_merge_patch(live, patch, kind)
+    expected = copy.deepcopy(live0)
+    expected["metadata"]["labels"] = {"a": "1"}
+    expected["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": "{}\n"}
+    expected["spec"]["replicas"] = 2
+    expected["spec"]["template"]["spec"]["containers"] = [
+        {"name": "c", "image": "nginx:2", "env": [{"name": "Y", "value": "2"}]}]
+    assert result == expected
+    assert live == live0 and patch == J(KUBECTL_APPLY_BODY)
+
+
+def test_cordon_and_uncordon_bodies() -> None:
+    node = {"kind": "Node", "metadata": {"name": "node1"}, "spec": {"podCIDR": "10.0.0.0/24"}}
+    cordoned = strategic_merge_patch(node, {"spec": {"unschedulable": True}}, "Node")
+    assert cordoned["spec"] == {"podCIDR": "10.0.0.0/24", "unschedulable": True}
+    uncordoned = strategic_merge_patch(cordoned, {"spec": {"unschedulable": None}}, "Node")
+    assert uncordoned == node
+
+
+def test_null_for_an_absent_key_is_not_stored() -> None:
+    result = strategic_merge_patch({"spec": {}}, {"spec": {"x": None, "y": {"z": None}}}, "Pod")
+    assert result == {"spec": {"y": {}}}
+
+
+def test_maps_merge_recursively() -> None:
+    live = {"spec": {"nodeSelector": {"a": "1", "b": "2"}, "hostname": "h"}}
+    patch = {"spec": {"nodeSelector": {"b": "3", "c": "4"}}}
+    result = strategic_merge_patch(live, patch, "Pod")
+    assert result == {"spec": {"nodeSelector": {"a": "1", "b": "3", "c": "4"}, "hostname": "h"}}
+
+
+def _nest(path: tuple, value: Any) -> dict:
+    """Build a document holding ``value`` at ``path``; a (field, name) pair is a
+    one-container list keyed by name."""
+    for step in reversed(path):
+        if isinstance(step, tuple):
+            field_name, item = step
+            value = {field_name: [{"name": item, **value}]}
+        else:
+            value = {step: value}
+    return value
+
+
+_C = ("containers", "c")
+MERGE_KEY_CASES = [  # kind, path to the list, merge key, example key values
+    ("Pod", ("spec", "containers"), "name", ("a", "b", "c")),
+    ("Pod", ("spec", "initContainers"), "name", ("a", "b", "c")),
+    ("Pod", ("spec", "ephemeralContainers"), "name", ("a", "b", "c")),
+    ("Pod", ("spec", "volumes"), "name", ("a", "b", "c")),
+    ("Pod", ("spec", "imagePullSecrets"), "name", ("a", "b", "c")),
+    ("Pod", ("spec", _C, "env"), "name", ("A", "B", "C")),
+    ("Pod", ("spec", _C, "volumeMounts"), "mountPath", ("/a", "/b", "/c")),
+    ("Pod", ("spec", _C, "ports"), "containerPort", (80, 81, 82)),
+    ("Pod", ("spec", ("initContainers", "c"), "env"), "name", ("A", "B", "C")),
+    ("Pod", ("metadata", "ownerReferences"), "uid", ("u1", "u2", "u3")),
+    ("Pod", ("status", "conditions"), "type", ("Ready", "Initialized", "Scheduled")),
+    ("Deployment", ("spec", "template", "spec", "containers"), "name", ("a", "b", "c")),
+    ("Deployment", ("spec", "template", "spec", _C, "env"), "name", ("A", "B", "C")),
+    ("Deployment", ("status", "conditions"), "type", ("Available", "Progressing", "X")),
+    ("ReplicaSet", ("spec", "template", "spec", "volumes"), "name", ("a", "b", "c")),
+    ("ReplicaSet", ("metadata", "ownerReferences"), "uid", ("u1", "u2", "u3")),
+    ("DaemonSet", ("spec", "template", "spec", _C, "ports"), "containerPort", (1, 2, 3)),
+    ("DaemonSet", ("spec", "template", "metadata", "ownerReferences"), "uid", ("u1", "u2", "u3")),
+    ("Service", ("spec", "ports"), "port", (80, 443, 8080)),
+    ("Node", ("status", "conditions"), "type", ("Ready", "MemoryPressure", "DiskPressure")),
+    ("Node", ("status", "addresses"), "type", ("InternalIP", "Hostname", "ExternalIP")),
+    ("ConfigMap", ("metadata", "ownerReferences"), "uid", ("u1", "u2", "u3")),
+]
+
+
+@pytest.mark.parametrize("kind,path,key,keys", MERGE_KEY_CASES,
+                         ids=[f"{c[0]}:{c[2]}:{i}" for i, c in enumerate(MERGE_KEY_CASES)])
+def test_lists_merge_by_their_merge_key(kind: str, path: tuple, key: str, keys: tuple) -> None:
+    a, b, c = keys
+    live = _nest(path, [{key: a, "v": "old", "w": "kept"}, {key: b, "v": "untouched"}])
+    patch = _nest(path, [{key: a, "v": "new"}, {key: c, "v": "added"}])
+    expected = _nest(path, [{key: a, "v": "new", "w": "kept"}, {key: b, "v": "untouched"},
+                            {key: c, "v": "added"}])
+    assert strategic_merge_patch(live, patch, kind) == expected
+    deleted = strategic_merge_patch(live, _nest(path, [{"$patch": "delete", key: b}]), kind)
+    assert deleted == _nest(path, [{key: a, "v": "old", "w": "kept"}])
+
+
+REPLACED_LIST_CASES = [
+    ("Pod", ("spec", "tolerations")),
+    ("Pod", ("spec", _C, "args")),
+    ("Pod", ("spec", _C, "envFrom")),
+    ("Pod", ("spec", "ports")),             # "ports" merges only on containers/Services
+    ("Node", ("spec", "taints")),
+    ("Service", ("spec", "containers")),    # a merge key in one kind is not one in another
+    ("Deployment", ("spec", "containers")),
+    ("Pod", ("unknown", "list")),
+]
+
+
+@pytest.mark.parametrize("kind,path", REPLACED_LIST_CASES)
+def test_lists_without_a_merge_key_are_replaced(kind: str, path: tuple) -> None:
+    live = _nest(path, [{"name": "a", "v": 1}, {"name": "b"}])
+    patch = _nest(path, [{"name": "a", "w": 2}])
+    assert strategic_merge_patch(live, patch, kind) == patch
+
+
+def test_finalizers_merge_as_a_set() -> None:
+    live = {"metadata": {"finalizers": ["a", "b"]}}
+    result = strategic_merge_patch(live, {"metadata": {"finalizers": ["b", "c"]}}, "Pod")
+    assert result == {"metadata": {"finalizers": ["a", "b", "c"]}}
+    node = strategic_merge_patch({"spec": {"podCIDRs": ["x"]}}, {"spec": {"podCIDRs": ["y"]}}, "Node")
+    assert node == {"spec": {"podCIDRs": ["x", "y"]}}
+
+
+def test_delete_from_primitive_list() -> None:
+    live = {"metadata": {"finalizers": ["a", "b", "c"]}}
+    patch = {"metadata": {"$deleteFromPrimitiveList/finalizers": ["b", "zzz"], "finalizers": ["d"]}}
+    assert strategic_merge_patch(live, patch, "Deployment") == {"metadata": {"finalizers": ["a", "c", "d"]}}
+    # a field that isn't there is simply left absent
+    assert strategic_merge_patch({}, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}},
+                                 "Pod") == {"metadata": {}}
+
+
+def test_patch_delete_element_that_does_not_exist_is_a_no_op() -> None:
+    live = {"spec": {"containers": [{"name": "c"}]}}
+    patch = {"spec": {"containers": [{"$patch": "delete", "name": "nope"}]}}
+    assert strategic_merge_patch(live, patch, "Pod") == live
+
+
+def test_patch_delete_in_a_map_removes_the_map() -> None:
+    live = {"spec": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}},
+                     "replicas": 3}}
+    result = strategic_merge_patch(live, {"spec": {"strategy": {"$patch": "delete"}}}, "Deployment")
+    assert result == {"spec": {"replicas": 3}}
+    assert strategic_merge_patch(live, {"$patch": "delete"}, "Deployment") == {}
+
+
+def test_patch_replace_in_a_map() -> None:
+    live = {"spec": {"nodeSelector": {"a": "1", "b": "2"}}}
+    patch = {"spec": {"nodeSelector": {"$patch": "replace", "c": "3"}}}
+    assert strategic_merge_patch(live, patch, "Pod") == {"spec": {"nodeSelector": {"c": "3"}}}
+
+
+def test_patch_replace_on_a_keyed_list_element_replaces_that_element() -> None:
+    live = {"spec": {"containers": [{"name": "c", "image": "i", "args": ["x"]}, {"name": "d"}]}}
+    patch = {"spec": {"containers": [{"$patch": "replace", "name": "c", "image": "j"}]}}
+    result = strategic_merge_patch(live, patch, "Pod")
+    assert result == {"spec": {"containers": [{"name": "c", "image": "j"}, {"name": "d"}]}}
+
+
+def test_patch_replace_in_a_list() -> None:
+    live = {"spec": {"containers": [{"name": "a", "image": "1"}, {"name": "b"}]}}
+    patch = {"spec": {"containers": [{"$patch": "replace"}, {"name": "only", "image": "2"}]}}
+    result = strategic_merge_patch(live, patch, "Pod")
+    assert result == {"spec": {"containers": [{"name": "only", "image": "2"}]}}
+    fin = strategic_merge_patch({"metadata": {"finalizers": ["a"]}},
+                                {"metadata": {"finalizers": [{"$patch": "replace"}, "b"]}}, "Pod")
+    assert fin == {"metadata": {"finalizers": ["b"]}}
+
+
+def test_set_element_order_reorders_and_is_stripped() -> None:
+    live = {"spec": {"containers": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}}
+    patch = {"spec": {"$setElementOrder/containers": [{"name": "c"}, {"name": "a"}, {"name": "b"}],
+                      "containers": [{"name": "a", "image": "x"}]}}
+    result = strategic_merge_patch(live, patch, "Pod")
+    assert result == {"spec": {"containers": [{"name": "c"}, {"name": "a", "image": "x"}, {"name": "b"}]}}
+
+
+def test_set_element_order_leaves_server_only_elements_in_place() -> None:
+    live = {"spec": {"containers": [{"name": "a"}, {"name": "server"}, {"name": "b"}]}}
+    patch = {"spec": {"$setElementOrder/containers": [{"name": "b"}, {"name": "a"}]}}
+    result = strategic_merge_patch(live, patch, "Pod")
+    assert [c["name"] for c in result["spec"]["containers"]] == ["b", "server", "a"]
+
+
+def test_set_element_order_on_a_primitive_list() -> None:
+    live = {"metadata": {"finalizers": ["a", "b"]}}
+    patch = {"metadata": {"$setElementOrder/finalizers": ["c", "b", "a"], "finalizers": ["c"]}}
+    assert strategic_merge_patch(live, patch, "Pod") == {"metadata": {"finalizers": ["c", "b", "a"]}}
+
+
+def test_retain_keys() -> None:
+    live = {"spec": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}}}}
+    patch = {"spec": {"strategy": {"$retainKeys": ["type"], "type": "Recreate"}}}
+    assert strategic_merge_patch(live, patch, "Deployment") == {"spec": {"strategy": {"type": "Recreate"}}}
+    with pytest.raises(PatchError, match="rollingUpdate.*not listed in \\$retainKeys"):
+        strategic_merge_patch(live, {"spec": {"strategy": {"$retainKeys": ["type"],
+                                                           "rollingUpdate": {"maxSurge": 2}}}},
+                              "Deployment")
+
+
+def test_directives_never_reach_the_result() -> None:
+    live = {"spec": {"containers": [{"name": "a"}]}}
+    patch = {"spec": {"containers": [{"name": "new", "$setElementOrder/env": [{"name": "E"}],
+                                      "env": [{"name": "E", "value": "1"}, {"$patch": "delete", "name": "Z"}],
+                                      "resources": {"$patch": "replace", "limits": {"cpu": "1"}}}],
+                      "tolerations": [{"key": "k", "x": {"$patch": "replace", "y": 1}}]}}
+    result = strategic_merge_patch(live, patch, "Pod")
+    assert "$" not in json.dumps(result)
+    assert result["spec"]["containers"][1] == {"name": "new", "env": [{"name": "E", "value": "1"}],
+                                               "resources": {"limits": {"cpu": "1"}}}
+
+
+def test_unknown_kinds_behave_as_json_merge_patch() -> None:
+    live = {"spec": {"items": [{"name": "a"}], "x": 1}, "metadata": {"finalizers": ["f"]}}
+    patch = {"spec": {"items": [{"name": "b"}], "x": None}, "metadata": {"finalizers": ["g"]}}
+    assert strategic_merge_patch(live, patch, "Checkpoint") == json_merge_patch(live, patch)
+    assert not is_strategic_kind("Checkpoint")
+    assert all(is_strategic_kind(k) for k in ("Pod", "Deployment", "Service", "Node", "ConfigMap"))
+
+
+SMP_ERRORS = [
+    ({"spec": {"containers": [{"image": "x"}]}}, "does not contain the merge key 'name'"),
+    ({"spec": {"containers": ["c"]}}, "list elements must be objects"),
+    ({"spec": {"$patch": "explode"}}, "unknown \\$patch directive 'explode'"),
+    ({"spec": {"containers": [{"name": "c", "$patch": "explode"}]}}, "unknown \\$patch directive"),
+    ({"spec": {"$setElementOrder/containers": [{"image": "x"}]}}, "merge key 'name'"),
+    ({"spec": {"$setElementOrder/containers": "c"}}, "needs a list"),
+    ({"metadata": {"$deleteFromPrimitiveList/finalizers": "a"}}, "needs a list"),
+    ({"metadata": {"finalizers": [{"a": 1}]}}, "expected a list of scalars"),
+    ({"spec": {"$retainKeys": "type"}}, "must be a list"),
+]
+
+
+@pytest.mark.parametrize("patch,message", SMP_ERRORS)
+def test_strategic_merge_patch_errors(patch: dict, message: str) -> None:
+    live = {"metadata": {}, "spec": {"containers": [{"name": "c"}]}}
+    with pytest.raises(PatchError, match=message):
+        strategic_merge_patch(live, patch, "Pod")
+
+
+def test_strategic_merge_patch_rejects_non_objects() -> None:
+    with pytest.raises(PatchError, match="must be a JSON object"):
+        strategic_merge_patch({}, [1], "Pod")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------- hypothesis round trip
+
+_keys = st.sampled_from(["a", "b", "c", "d"])
+_scalars = st.one_of(st.booleans(), st.integers(-5, 5), st.text("xyz", max_size=2))
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_keys, inner, max_size=3)),
+    max_leaves=12,
+)
+_objects = st.dictionaries(_keys, _values, max_size=4)
+
+
+def merge_diff(a: dict, b: dict) -> dict:
+    """The merge patch that turns ``a`` into ``b`` (``b`` has no nulls)."""
+    patch: dict = {k: None for k in a if k not in b}
+    for key, value in b.items():
+        if key in a and isinstance(a[key], dict) and isinstance(value, dict):
+            sub = merge_diff(a[key], value)
+            if sub:
+                patch[key] = sub
+        elif key not in a or a[key] != value or type(a[key]) is not type(value):
+            patch[key] = value
+    return patch
+
+
+@settings(max_examples=150, deadline=None)
+@given(_objects, _objects)
+def test_merge_patch_of_a_diff_reproduces_the_target(a: dict, b: dict) -> None:
+    assert json_merge_patch(a, merge_diff(a, b)) == b
+    # without lists under merge keys, SMP of a built-in kind agrees with RFC 7386
+    assert strategic_merge_patch(a, merge_diff(a, b), "ConfigMap") == b
+
+
+# ----------------------------------------------------------------- server-side apply
+
+NOW = "2026-01-02T03:04:05Z"
+
+
+def _pod(image: str = "nginx:1", labels: dict | None = None, containers: list | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "default", "labels": labels or {"app": "web"}},
+            "spec": {"containers": containers or [{"name": "c", "image": image}]}}
+
+
+def _entries(obj: dict) -> dict[tuple[str, str], dict]:
+    return {(e["manager"], e["operation"]): e["fieldsV1"] for e in obj["metadata"]["managedFields"]}
+
+
+def test_ssa_creates_when_missing_and_records_ownership() -> None:
+    applied = _pod()
+    applied["spec"]["containers"][0]["ports"] = [{"containerPort": 80}]
+    created = server_side_apply(None, applied, "kubectl", False, "Pod", now=NOW)
+    assert created["spec"] == applied["spec"] and created["metadata"]["labels"] == {"app": "web"}
+    assert created["metadata"]["managedFields"] == [{
+        "manager": "kubectl", "operation": "Apply", "apiVersion": "v1", "time": NOW,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:metadata": {"f:labels": {"f:app": {}}},
+                     "f:spec": {"f:containers": {'k:{"name":"c"}': {
+                         ".": {}, "f:image": {}, "f:name": {},
+                         "f:ports": {'k:{"containerPort":80}': {".": {}, "f:containerPort": {}}}}}}},
+    }]
+    assert "managedFields" not in applied["metadata"]  # input untouched
+
+
+def test_ssa_update_merges_into_live_and_keeps_other_fields() -> None:
+    live = server_side_apply(None, _pod(), "kubectl", False, "Pod", now=NOW)
+    live["metadata"]["uid"] = "u-1"
+    live["status"] = {"phase": "Running"}
+    live["spec"]["containers"].append({"name": "injected", "image": "sidecar"})  # plain write
+    updated = server_side_apply(live, _pod(image="nginx:2"), "kubectl", False, "Pod", now="later")
+    assert updated["spec"]["containers"] == [{"name": "c", "image": "nginx:2"},
+                                             {"name": "injected", "image": "sidecar"}]
+    assert updated["metadata"]["uid"] == "u-1" and updated["status"] == {"phase": "Running"}
+    [entry] = updated["metadata"]["managedFields"]
+    assert entry["time"] == "later"
+
+
+def test_ssa_is_idempotent() -> None:
+    once = server_side_apply(None, _pod(), "kubectl", False, "Pod", now=NOW)
+    assert server_side_apply(once, _pod(), "kubectl", False, "Pod", now=NOW) == once
+
+
+def test_ssa_removes_fields_dropped_from_the_applied_config() -> None:
+    v1 = _pod(labels={"app": "web", "tier": "front"},
+              containers=[{"name": "c", "image": "i", "env": [{"name": "A", "value": "1"}]},
+                          {"name": "side", "image": "s"}])
+    live = server_side_apply(None, v1, "kubectl", False, "Pod", now=NOW)
+    v2 = _pod(labels={"app": "web"}, containers=[{"name": "c", "image": "i"}])
+    result = server_side_apply(live, v2, "kubectl", False, "Pod", now=NOW)
+    assert result["metadata"]["labels"] == {"app": "web"}
+    assert result["spec"]["containers"] == [{"name": "c", "image": "i"}]
+    assert _entries(result)[("kubectl", "Apply")] == _entries(
+        server_side_apply(None, v2, "kubectl", False, "Pod", now=NOW))[("kubectl", "Apply")]
+
+
+def test_ssa_keeps_dropped_fields_another_manager_owns() -> None:
+    live = server_side_apply(None, _pod(labels={"app": "web", "tier": "front"}), "a", False, "Pod", now=NOW)
+    live = server_side_apply(live, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "web", "labels": {"tier": "front"}}}, "b", False, "Pod", now=NOW)
+    result = server_side_apply(live, _pod(labels={"app": "web"}), "a", False, "Pod", now=NOW)
+    assert result["metadata"]["labels"] == {"app": "web", "tier": "front"}
+    # a container another manager added a field to survives its applier dropping it,
+    # but loses the fields only the dropping applier owned
+    live = server_side_apply(None, _pod(containers=[{"name": "c", "image": "i"}, {"name": "d", "image": "j"}]),
+                             "a", False, "Pod", now=NOW)
+    live = server_side_apply(live, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+                                    "spec": {"containers": [{"name": "d", "args": ["x"]}]}},
+                             "b", False, "Pod", now=NOW)
+    result = server_side_apply(live, _pod(), "a", False, "Pod", now=NOW)
+    assert result["spec"]["containers"] == [{"name": "c", "image": "nginx:1"},
+                                            {"name": "d", "args": ["x"]}]
+
+
+def test_ssa_conflict_with_another_apply_manager() -> None:
+    def deployment(replicas: int, container: dict) -> dict:
+        return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                "spec": {"replicas": replicas, "template": {"spec": {"containers": [container]}}}}
+    live = server_side_apply(None, deployment(1, {"name": "c"}), "helm", False, "Deployment", now=NOW)
+    mine = deployment(3, {"name": "c", "image": "x"})
+    with pytest.raises(ApplyConflict) as caught:
+        server_side_apply(live, mine, "kubectl", False, "Deployment", now=NOW)
+    assert caught.value.conflicts == [(".spec.replicas", "helm")]
+    assert 'conflict with "helm": .spec.replicas' in str(caught.value)
+    assert isinstance(caught.value, PatchError)
+
+
+def test_ssa_conflicts_are_reported_together_with_paths_into_lists() -> None:
+    live = server_side_apply(None, _pod(labels={"app": "web"}), "helm", False, "Pod", now=NOW)
+    mine = _pod(image="other", labels={"app": "api"})
+    with pytest.raises(ApplyConflict) as caught:
+        server_side_apply(live, mine, "kubectl", False, "Pod", now=NOW)
+    assert caught.value.conflicts == [('.metadata.labels.app', "helm"),
+                                      ('.spec.containers[name="c"].image', "helm")]
+
+
+def test_ssa_same_value_is_shared_not_a_conflict() -> None:
+    live = server_side_apply(None, _pod(), "helm", False, "Pod", now=NOW)
+    result = server_side_apply(live, _pod(), "kubectl", False, "Pod", now=NOW)
+    entries = _entries(result)
+    assert entries[("helm", "Apply")] == entries[("kubectl", "Apply")]
+    # the shared field stays when one owner drops it
+    slim = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"}}
+    after = server_side_apply(result, slim, "kubectl", False, "Pod", now=NOW)
+    assert after["spec"] == _pod()["spec"] and after["metadata"]["labels"] == {"app": "web"}
+    assert ("kubectl", "Apply") not in _entries(after)
+
+
+def test_ssa_force_moves_ownership() -> None:
+    live = server_side_apply(None, _pod(), "helm", False, "Pod", now=NOW)
+    forced = server_side_apply(live, _pod(image="nginx:9"), "kubectl", True, "Pod", now=NOW)
+    assert forced["spec"]["containers"] == [{"name": "c", "image": "nginx:9"}]
+    helm = _entries(forced)[("helm", "Apply")]
+    assert "f:image" not in helm["f:spec"]["f:containers"]['k:{"name":"c"}']
+    assert "f:image" in _entries(forced)[("kubectl", "Apply")]["f:spec"]["f:containers"]['k:{"name":"c"}']
+    # helm no longer owns the image, so it cannot take it back without force
+    with pytest.raises(ApplyConflict):
+        server_side_apply(forced, _pod(), "helm", False, "Pod", now=NOW)
+
+
+def test_ssa_force_drops_an_entry_left_with_nothing() -> None:
+    small = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "a"}}}
+    live = server_side_apply(None, small, "helm", False, "Pod", now=NOW)
+    mine = {**small, "metadata": {"name": "web", "labels": {"app": "b"}}}
+    forced = server_side_apply(live, mine, "kubectl", True, "Pod", now=NOW)
+    assert list(_entries(forced)) == [("kubectl", "Apply")]
+
+
+def test_ssa_update_managers_do_not_conflict_and_are_kept() -> None:
+    live = _pod()
+    live["metadata"]["managedFields"] = [{
+        "manager": "kubectl-client-side-apply", "operation": "Update", "apiVersion": "v1",
+        "time": NOW, "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:containers": {'k:{"name":"c"}': {".": {}, "f:image": {}, "f:name": {}}}}}}]
+    result = server_side_apply(live, _pod(image="nginx:2"), "kubectl", False, "Pod", now=NOW)
+    assert result["spec"]["containers"][0]["image"] == "nginx:2"
+    assert [e["manager"] for e in result["metadata"]["managedFields"]] == [
+        "kubectl-client-side-apply", "kubectl"]
+
+
+def test_ssa_last_applied_follow_up_keeps_the_main_appliers_fields() -> None:
+    live = server_side_apply(None, _pod(), "kubectl", False, "Pod", now=NOW)
+    annotation = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "annotations": {
+        "kubectl.kubernetes.io/last-applied-configuration": "{}"}}}
+    result = server_side_apply(live, annotation, "kubectl-last-applied", False, "Pod", now=NOW)
+    assert result["spec"] == live["spec"]
+    assert result["metadata"]["annotations"] == annotation["metadata"]["annotations"]
+    assert set(_entries(result)) == {("kubectl", "Apply"), ("kubectl-last-applied", "Apply")}
+
+
+def test_ssa_lists_are_atomic_for_custom_resources() -> None:
+    ck = {"apiVersion": "kube32.io/v1", "kind": "Checkpoint", "metadata": {"name": "ck1"},
+          "spec": {"pod": "web-1", "targets": [{"name": "a"}, {"name": "b"}]}}
+    live = server_side_apply(None, ck, "kubectl", False, "Checkpoint", now=NOW)
+    assert _entries(live)[("kubectl", "Apply")] == {"f:spec": {"f:pod": {}, "f:targets": {}}}
+    again = {**ck, "spec": {"pod": "web-1", "targets": [{"name": "c"}]}}
+    assert server_side_apply(live, again, "kubectl", False, "Checkpoint", now=NOW)["spec"]["targets"] == [
+        {"name": "c"}]
+
+
+def test_ssa_nulls_mean_unspecified_and_finalizers_are_a_set() -> None:
+    applied = _pod()
+    applied["metadata"]["finalizers"] = ["a"]
+    applied["spec"]["nodeName"] = None
+    live = server_side_apply(None, applied, "x", False, "Pod", now=NOW)
+    assert "nodeName" not in live["spec"]
+    assert _entries(live)[("x", "Apply")]["f:metadata"]["f:finalizers"] == {'v:"a"': {}}
+    live["metadata"]["finalizers"].append("controller")  # plain write
+    applied["metadata"]["finalizers"] = ["b"]
+    result = server_side_apply(live, applied, "x", False, "Pod", now=NOW)
+    assert result["metadata"]["finalizers"] == ["controller", "b"]
+
+
+SSA_ERRORS = [
+    ({"spec": {"containers": [{"image": "x"}]}}, "does not contain the merge key 'name'"),
+    ({"spec": {"containers": [{"name": "c"}, {"name": "c"}]}}, 'duplicate entries for key \\[name="c"\\]'),
+    ({"metadata": {"finalizers": [{"a": 1}]}}, "expected a list of scalars"),
+    ({"metadata": "x"}, "metadata of an applied configuration must be an object"),
+]
+
+
+@pytest.mark.parametrize("applied,message", SSA_ERRORS)
+def test_ssa_rejects_bad_applied_configs(applied: dict, message: str) -> None:
+    with pytest.raises(PatchError, match=message):
+        server_side_apply(None, applied, "kubectl", False, "Pod", now=NOW)
+
+
+def test_ssa_requires_a_manager_and_an_object() -> None:
+    with pytest.raises(PatchError, match="fieldManager is required"):
+        server_side_apply(None, _pod(), "", False, "Pod")
+    with pytest.raises(PatchError, match="must be a JSON object"):
+        server_side_apply(None, [], "m", False, "Pod")  # type: ignore[arg-type]
+
+
+def test_ssa_default_time_is_rfc3339_utc() -> None:
+    created = server_side_apply(None, _pod(), "kubectl", False, "Pod")
+    stamp = created["metadata"]["managedFields"][0]["time"]
+    assert len(stamp) == 20 and stamp.endswith("Z") and stamp[10] == "T"
+
+
+def test_ssa_does_not_mutate_inputs() -> None:
+    live = server_side_apply(None, _pod(labels={"app": "web", "x": "1"}), "kubectl", False, "Pod", now=NOW)
+    live0, applied = copy.deepcopy(live), _pod(image="nginx:3")
+    applied0 = copy.deepcopy(applied)
+    result = server_side_apply(live, applied, "kubectl", False, "Pod", now=NOW)
+    result["spec"]["containers"][0]["image"] = "mutated"
+    assert live == live0 and applied == applied0
