@@ -166,7 +166,10 @@ class SnapshotReader:
             receive = _readinto_from_read(src)
         while self._stage is not _Stage.DONE:
             target = self._want()
-            n = receive(target)
+            try:
+                n = receive(target)
+            except Exception as err:  # reset, timeout: the stream ended early
+                self._stream_broke(err)
             if not n:
                 return self._end()
             self._got(target[:n])
@@ -176,7 +179,10 @@ class SnapshotReader:
         """asyncio or aiohttp StreamReader: `.read(n)` chunks copied into place."""
         while self._stage is not _Stage.DONE:
             target = self._want()
-            data = await stream.read(len(target))
+            try:
+                data = await stream.read(len(target))
+            except Exception as err:  # aiohttp ClientPayloadError, reset, timeout
+                self._stream_broke(err)
             if not data:
                 return self._end()
             n = len(data)
@@ -345,12 +351,8 @@ class SnapshotReader:
                 "memory-length",
                 f"the snapshot has no memory section, but its header gives {self.header.memory_bytes} bytes of memory",
             )
-        if self._total is not None and self._pos + TRAILER_SIZE != self._total:
-            return self._fail_structure(
-                "section",
-                f"the snapshot's {self.header.section_count} sections end at byte {self._pos}, "
-                f"but its trailer starts at byte {self._total - TRAILER_SIZE}",
-            )
+        # Bytes beyond the trailer (total_size larger than the structure) are
+        # judged after the trailer, which tells damage from extra bytes.
         self._enter(_Stage.TRAILER, TRAILER_SIZE)
 
     def _on_section_head(self, data: bytes) -> None:
@@ -412,8 +414,10 @@ class SnapshotReader:
     def _on_trailer(self, trailer: bytes) -> None:
         if self._hash.digest() != trailer:
             self._refuse("trailer", DAMAGED)
-        if self._total is not None and self._pos != self._total:  # pragma: no cover - _next_section ensures it
-            self._refuse("section", f"bytes follow the snapshot's trailer at offset {self._pos}")
+        if self._total is not None and self._pos != self._total:
+            self._refuse(
+                "section", f"{self._total - self._pos} bytes follow the snapshot's trailer at offset {self._pos}"
+            )
         state = self._state()
         self._check_module(state)
         assert self.header is not None
@@ -491,6 +495,11 @@ class SnapshotReader:
             )
         self._refuse("truncated", TRUNCATED)
         raise AssertionError("unreachable")
+
+    def _stream_broke(self, err: Exception) -> None:
+        error = SnapshotError(f"{TRUNCATED}: {err or type(err).__name__}", "truncated", self._memory_written)
+        self._stage, self._error = _Stage.FAILED, error
+        raise error from err
 
     def _fail_structure(self, cause: str, message: str, *, drain: bool = True) -> None:
         """A structural fault: stop writing memory, drain, then judge damage vs fault."""
