@@ -52,10 +52,14 @@ Semantics and invariants:
 - watch(prefix, N) yields every event under prefix with revision > N, in revision
   order, each exactly once: first replayed from the log, then live, with no gap
   and no duplicate between the two (writes during the replay are delivered after
-  it). N = 0 means "from now" (the revision when watch() is called). If N is older
+  it). The subscription starts when watch() is called, not at the first iteration:
+  N = 0 means "from now" (the revision when watch() is called), and such a watch
+  never raises Compacted unless it later falls behind (see below). If N is older
   than compacted_revision (N < compacted_revision, N != 0), the first iteration
   raises Compacted; watching from compacted_revision itself is fine because every
-  event after it is kept.
+  event after it is kept. An N above current_revision waits for revisions > N.
+  Close iterators you stop using (aclose()); one never started stays subscribed
+  until its queue overflows.
 - Live delivery: each write fans out, after its commit and before the write call
   returns, to the subscribed watchers through bounded queues (watch_queue_size).
   Writers never wait for readers. A reader whose queue overflows is unsubscribed and

@@ -270,13 +270,21 @@ class SQLiteStore:
 
     def _get(self, key: str) -> KeyValue | None:
         self._check_open()
-        row = self._db.execute(_GET, (key,)).fetchone()
+        try:
+            row = self._db.execute(_GET, (key,)).fetchone()
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot read key {key!r}: {err}") from err
         return None if row is None else KeyValue(key, row[0], row[1], row[2])
 
     async def list(self, prefix: str) -> tuple[list[KeyValue], int]:
         self._check_open()
         sql, params = self._key_range("c.key", _check_prefix(prefix))
-        rows = self._db.execute(_LIST_COLUMNS + "WHERE " + sql + " ORDER BY c.key", params)
+        try:
+            rows = self._db.execute(
+                _LIST_COLUMNS + "WHERE " + sql + " ORDER BY c.key", params
+            ).fetchall()
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot list prefix {prefix!r}: {err}") from err
         return [KeyValue(k, v, c, m) for k, v, c, m in rows], self._revision
 
     @staticmethod
@@ -355,7 +363,8 @@ class SQLiteStore:
                     )
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as err:
             raise StoreError(f"cannot write key {kv.key!r}: {err}") from err
@@ -376,9 +385,18 @@ class SQLiteStore:
         self._writes_since_compact += 1
         if self._writes_since_compact >= self._compact_every:
             self._writes_since_compact = 0
-            target = self._revision - self._history
-            if target > self._compacted:
-                self._compact(target)
+            self._compact_automatically()
+
+    def _compact_automatically(self) -> None:
+        target = self._revision - self._history
+        if target <= self._compacted:
+            return
+        try:
+            self._compact(target)
+        except StoreError:
+            # The write that got here has succeeded; a failed compaction only keeps
+            # more history, and the next round tries again.
+            pass
 
     # --- compaction --------------------------------------------------------
 
@@ -417,7 +435,8 @@ class SQLiteStore:
                 )
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as err:
             raise StoreError(f"cannot compact to revision {revision}: {err}") from err
@@ -478,10 +497,13 @@ class SQLiteStore:
         if after < self._compacted:
             raise Compacted(self._compacted, after)
         sql, params = self._key_range("l.key", prefix)
-        rows = self._db.execute(
-            _REPLAY_COLUMNS + "AND " + sql + " ORDER BY l.revision LIMIT ?",
-            (after, upto, *params, self.replay_page_size),
-        ).fetchall()
+        try:
+            rows = self._db.execute(
+                _REPLAY_COLUMNS + "AND " + sql + " ORDER BY l.revision LIMIT ?",
+                (after, upto, *params, self.replay_page_size),
+            ).fetchall()
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot read the history after revision {after}: {err}") from err
         return [self._event_from_row(row) for row in rows]
 
     @staticmethod

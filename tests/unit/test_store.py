@@ -431,3 +431,39 @@ def test_a_closed_store_refuses_calls(tmp_path: Path) -> None:
         assert await _drain(store.watch("/", 0)) == []
 
     run_with_store(tmp_path / "s.db", check)
+
+
+def test_a_failed_write_changes_nothing(tmp_path: Path) -> None:
+    async def check(store: SQLiteStore) -> None:
+        events = store.watch("/k/", 0)
+        store._db.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON log "
+            "BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
+        )
+        with pytest.raises(StoreError, match="cannot write key '/k/a': disk says no"):
+            await store.create("/k/a", b"")
+        assert store.current_revision == 0 and await store.get("/k/a") is None
+        store._db.execute("DROP TRIGGER refuse")
+        kv = await store.create("/k/b", b"")
+        assert kv.mod_revision == 1
+        assert await take(events, 1) == [WatchEvent("PUT", kv, None, 1)]
+        await events.aclose()
+
+    run_with_store(tmp_path / "s.db", check)
+
+
+def test_a_failed_automatic_compaction_does_not_fail_the_write(tmp_path: Path) -> None:
+    async def check(store: SQLiteStore) -> None:
+        store._db.execute(
+            "CREATE TRIGGER keep BEFORE DELETE ON log BEGIN SELECT RAISE(ABORT, 'no'); END"
+        )
+        kv = await store.create("/k", b"")
+        for i in range(10):
+            kv = await store.update("/k", b"%d" % i, kv.mod_revision)
+        assert store.compacted_revision == 0 and store.current_revision == 11
+        store._db.execute("DROP TRIGGER keep")
+        for i in range(2):
+            kv = await store.update("/k", b"%d" % i, kv.mod_revision)
+        assert store.compacted_revision == 12 - 2  # compacted at the 12th write
+
+    run_with_store(tmp_path / "s.db", check, history=2, compact_every=2)
