@@ -56,7 +56,10 @@ Strategic merge patch (Kubernetes SMP for built-in kinds)
     * ``$deleteFromPrimitiveList/<f>``: those values are removed from primitive
       list ``f`` before ``f`` itself is merged;
     * ``$retainKeys``: keys of the live map not listed are dropped before merging;
-      a patch key missing from the list is an error (as upstream).
+      a patch key missing from the list is an error (as upstream);
+    * any other ``$patch`` value is an error, except ``merge`` (the default, accepted
+      as a no-op where upstream is stricter).  A patch element of a merge list
+      without the merge key, or a non-list where a list is merged, is an error.
 
 Server-side apply (practical subset of structured-merge-diff)
     ``server_side_apply(live, applied, manager, force, kind)`` upserts: with no live
@@ -98,7 +101,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
@@ -384,8 +386,7 @@ _KIND_SCHEMAS: dict[str, _Struct] = {
         "status": _Struct({"conditions": _CONDITIONS, "addresses": _KeyedList("type")}),
     }),
     "Namespace": _workload(_PLAIN),
-    "ServiceAccount": _Struct({"metadata": _META, "secrets": _KeyedList("name"),
-                               "imagePullSecrets": _KeyedList("name")}),
+    "ServiceAccount": _Struct({"metadata": _META, "secrets": _KeyedList("name")}),
 }
 _META_ONLY = _Struct({"metadata": _META})
 BUILTIN_KINDS: frozenset[str] = frozenset(_KIND_SCHEMAS) | {
@@ -466,6 +467,8 @@ def _merge_map(original: dict, patch: dict, rule: _Struct, where: str) -> Any:
 
 
 def _merge_value(original: Any, patch: Any, rule: _Rule | None, where: str) -> Any:
+    if isinstance(rule, (_KeyedList, _SetList)) and not isinstance(patch, list):
+        raise PatchError(f"{where}: expected a list, got {json.dumps(patch)}")
     if isinstance(patch, dict):
         base = original if isinstance(original, dict) else {}
         return _merge_map(base, patch, _as_struct(rule), where)
@@ -658,6 +661,8 @@ def _check_applied_lists(value: Any, rule: _Rule | None, where: str) -> None:
     if isinstance(value, dict):
         for name, child in value.items():
             _check_applied_lists(child, _child_rule(_as_struct(rule), name), f"{where}.{name}")
+    elif isinstance(rule, (_KeyedList, _SetList)) and not isinstance(value, list):
+        raise PatchError(f"{where}: expected a list, got {json.dumps(value)}")
     elif isinstance(value, list) and isinstance(rule, _KeyedList):
         seen: list[Any] = []
         for item in value:
@@ -866,7 +871,7 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
     new_others = [_without(e, lost.get(e.manager, set()) if e.operation == "Apply" else set())
                   for e in others]
     if previous is not None and previous.fields is not None:
-        _remove_dropped(result, previous.fields - mine, new_others)
+        _remove_dropped(result, previous.fields - mine, mine, new_others)
 
     mine_entry = _entry(manager, "Apply", api_version, stamp, mine,
                         previous.raw if previous is not None else None)
@@ -911,12 +916,15 @@ def _without(entry: _Entry, paths: set[_Path]) -> _Entry:
     return _Entry(raw, entry.manager, entry.operation, kept)
 
 
-def _remove_dropped(result: dict, dropped: set[_Path], others: list[_Entry]) -> None:
-    owned_by_others = set().union(*(e.fields for e in others if e.fields is not None))
+def _remove_dropped(result: dict, dropped: set[_Path], mine: set[_Path],
+                    others: list[_Entry]) -> None:
+    # A dropped leaf may now be the parent of fields that are still applied
+    # (``labels: {}`` became ``labels: {app: x}``), so our own paths protect too.
+    still_owned = set(mine).union(*(e.fields for e in others if e.fields is not None))
     # Shallowest first: removing an item takes its fields along (their removal is
     # then a no-op), while removing the fields first would lose the item's key.
     for path in sorted(dropped, key=lambda p: len(_item_prefix(p))):
         target = _item_prefix(path)
-        if any(_is_under(p, target) for p in owned_by_others):
+        if any(_is_under(p, target) for p in still_owned):
             continue
         _remove_path(result, path)

@@ -398,6 +398,8 @@ SMP_ERRORS = [
     ({"metadata": {"$deleteFromPrimitiveList/finalizers": "a"}}, "needs a list"),
     ({"metadata": {"finalizers": [{"a": 1}]}}, "expected a list of scalars"),
     ({"spec": {"$retainKeys": "type"}}, "must be a list"),
+    ({"spec": {"containers": {"name": "c"}}}, "spec.containers: expected a list"),
+    ({"metadata": {"finalizers": "a"}}, "metadata.finalizers: expected a list"),
 ]
 
 
@@ -453,7 +455,7 @@ NOW = "2026-01-02T03:04:05Z"
 
 def _pod(image: str = "nginx:1", labels: dict | None = None, containers: list | None = None) -> dict:
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "web", "namespace": "default", "labels": labels or {"app": "web"}},
+            "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"} if labels is None else labels},
             "spec": {"containers": containers or [{"name": "c", "image": image}]}}
 
 
@@ -506,6 +508,14 @@ def test_ssa_removes_fields_dropped_from_the_applied_config() -> None:
     assert result["spec"]["containers"] == [{"name": "c", "image": "i"}]
     assert _entries(result)[("kubectl", "Apply")] == _entries(
         server_side_apply(None, v2, "kubectl", False, "Pod", now=NOW))[("kubectl", "Apply")]
+
+
+def test_ssa_a_dropped_leaf_that_became_a_parent_keeps_its_new_children() -> None:
+    live = server_side_apply(None, _pod(labels={}), "kubectl", False, "Pod", now=NOW)
+    assert _entries(live)[("kubectl", "Apply")]["f:metadata"] == {"f:labels": {}}
+    result = server_side_apply(live, _pod(labels={"app": "x"}), "kubectl", False, "Pod", now=NOW)
+    assert result["metadata"]["labels"] == {"app": "x"}
+    assert _entries(result)[("kubectl", "Apply")]["f:metadata"] == {"f:labels": {"f:app": {}}}
 
 
 def test_ssa_keeps_dropped_fields_another_manager_owns() -> None:
@@ -630,6 +640,7 @@ SSA_ERRORS = [
     ({"spec": {"containers": [{"name": "c"}, {"name": "c"}]}}, 'duplicate entries for key \\[name="c"\\]'),
     ({"metadata": {"finalizers": [{"a": 1}]}}, "expected a list of scalars"),
     ({"metadata": "x"}, "metadata of an applied configuration must be an object"),
+    ({"spec": {"containers": "c"}}, "spec.containers: expected a list"),
 ]
 
 
