@@ -81,7 +81,7 @@ scan history; watch replay is a range scan of `log` by revision. One writer: the
 event loop calls sqlite3 directly (each call is a few tens of microseconds), WAL
 with synchronous=NORMAL (a commit survives a crash of the process, the last ones
 may be lost on power loss), and an exclusive lock on the file so a second process
-opening it gets StoreError("... in use by another process"). See sqlite.py.
+opening it gets StoreError("... is in use ..."). See sqlite.py.
 """
 
 from .base import (

@@ -235,7 +235,9 @@ class SQLiteStore:
         except sqlite3.OperationalError as err:
             db.close()
             if "locked" in str(err) or "busy" in str(err):
-                raise StoreError(f"the store {path!r} is in use by another process") from err
+                raise StoreError(
+                    f"the store {path!r} is in use (opened by another store or process)"
+                ) from err
             raise StoreError(f"cannot open the store {path!r}: {err}") from err
         except sqlite3.DatabaseError as err:
             db.close()

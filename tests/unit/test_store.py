@@ -467,3 +467,13 @@ def test_a_failed_automatic_compaction_does_not_fail_the_write(tmp_path: Path) -
         assert store.compacted_revision == 12 - 2  # compacted at the 12th write
 
     run_with_store(tmp_path / "s.db", check, history=2, compact_every=2)
+
+
+def test_a_store_of_another_schema_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    run_with_store(path, lambda store: store.create("/k", b""))
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = 99 WHERE name = 'schema'")
+    db.close()
+    with pytest.raises(StoreError, match="schema version 99"):
+        SQLiteStore(path)
