@@ -1,0 +1,97 @@
+"""The cluster CA and serving certificates (TLS is on by default).
+
+kubectl sends bearer tokens only over TLS, and snapshot data is as secret as a
+Secret, so the control plane makes a cluster CA at its first start
+(``<data-dir>/pki/ca.crt``, ``ca.key``, 0600) and serves with a certificate the CA
+signs for ``127.0.0.1``, ``localhost`` and the host's name.  The kubeconfigs it
+writes carry the CA, so clients verify the server.  Kubelets get serving
+certificates from the same CA (:func:`issue_serving_cert`).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import socket
+import ssl
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+def _write(path: Path, data: bytes, private: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def ensure_ca(pki: Path) -> tuple[Path, Path]:
+    pki.mkdir(parents=True, exist_ok=True)
+    crt, key_path = pki / "ca.crt", pki / "ca.key"
+    if crt.exists() and key_path.exists():
+        return crt, key_path
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube32-ca")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=3650))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False,
+                                         encipher_only=False, decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    _write(key_path, _key_pem(key), True)
+    _write(crt, cert.public_bytes(serialization.Encoding.PEM), False)
+    return crt, key_path
+
+
+def issue_serving_cert(pki: Path, name: str, hosts: list[str]) -> tuple[Path, Path]:
+    """A serving certificate for ``hosts`` (IPs or DNS names), signed by the cluster CA."""
+    ca_crt, ca_key_path = ensure_ca(pki)
+    crt, key_path = pki / f"{name}.crt", pki / f"{name}.key"
+    ca_cert = x509.load_pem_x509_certificate(ca_crt.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for h in dict.fromkeys(hosts):
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=825))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    _write(key_path, _key_pem(key), True)
+    _write(crt, cert.public_bytes(serialization.Encoding.PEM), False)
+    return crt, key_path
+
+
+def default_hosts(bind: str) -> list[str]:
+    return [bind, "127.0.0.1", "localhost", socket.gethostname()]
+
+
+def server_context(crt: Path, key: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(crt, key)
+    return ctx
+
+
+def client_context(ca: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca))

@@ -1,0 +1,98 @@
+"""Forwarding to kubelets: the node proxy, pods/proxy, services/proxy and pods/log.
+
+A kubelet's endpoint is read from its Node (``status.addresses`` InternalIP and
+``status.daemonEndpoints.kubeletEndpoint.Port``).  Bodies stream both ways
+(no buffering of a snapshot or a followed log); the API server authenticates to
+the kubelet with its own token.  A pod's HTTP goes to the kubelet of its node at
+``/pods/<ns>/<pod>/http/<path>``; a Service picks one Ready pod that matches
+its selector, round robin.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from . import errors
+from .strategy import condition, get_path
+
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailers", "transfer-encoding", "upgrade", "host", "authorization",
+                        "content-length"})
+
+
+def kubelet_base(node: dict[str, Any]) -> str:
+    addrs = get_path(node, "status", "addresses", default=[]) or []
+    ip = next((a.get("address") for a in addrs if a.get("type") == "InternalIP"), None)
+    port = get_path(node, "status", "daemonEndpoints", "kubeletEndpoint", "Port")
+    if not ip or not port:
+        raise errors.service_unavailable(f'node "{node["metadata"]["name"]}" has no kubelet endpoint')
+    scheme = get_path(node, "metadata", "annotations", "kube32.io/kubelet-scheme", default="http")
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"{scheme}://{host}:{port}"
+
+
+class KubeletProxy:
+    def __init__(self, token: str, ssl: Any = None) -> None:
+        self.token = token
+        self.ssl = ssl
+        self._session: aiohttp.ClientSession | None = None
+        self._rr = itertools.count()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+                connector=aiohttp.TCPConnector(limit=0, ssl=self.ssl), auto_decompress=False)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def pick(self, n: int) -> int:
+        return next(self._rr) % n
+
+    async def forward(self, request: web.Request, url: str, *, method: str | None = None,
+                      extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers["Authorization"] = f"Bearer {self.token}"
+        headers.update(extra_headers or {})
+        body = request.content if request.body_exists else None
+        if request.content_length is not None:
+            headers["Content-Length"] = str(request.content_length)
+        try:
+            upstream = await self.session.request(method or request.method, url, headers=headers,
+                                                  data=body, allow_redirects=False)
+        except (aiohttp.ClientError, OSError) as e:
+            raise errors.service_unavailable(f"error trying to reach the kubelet: {e}") from None
+        async with upstream:
+            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for k, v in upstream.headers.items():
+                if k.lower() not in HOP_BY_HOP:
+                    resp.headers.add(k, v)
+            if upstream.content_length is not None:
+                resp.content_length = upstream.content_length
+            await resp.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_chunked(1 << 20):
+                    await resp.write(chunk)
+            except (aiohttp.ClientError, ConnectionResetError):
+                # The kubelet went away mid-stream: end the response short, the
+                # client sees a truncated body, which it must treat as a failure.
+                request.transport and request.transport.close()
+                return resp
+            await resp.write_eof()
+            return resp
+
+
+def ready_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for p in pods:
+        c = condition(p, "Ready")
+        if c and c.get("status") == "True" and not p["metadata"].get("deletionTimestamp"):
+            out.append(p)
+    return out

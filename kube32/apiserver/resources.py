@@ -1,0 +1,140 @@
+"""The resources Kube32 serves: one :class:`Resource` per (group, version, plural).
+
+This table drives discovery, OpenAPI, routing and storage keys, so a new kind
+is one line here plus its strategy.  Storage keys are
+``/registry/<group or core>/<plural>/<namespace>/<name>`` (namespaced) and
+``/registry/<group or core>/<plural>/<name>`` (cluster-scoped).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .strategies.apps import (DaemonSetStrategy, DeploymentStrategy,
+                              PodDisruptionBudgetStrategy, ReplicaSetStrategy)
+from .strategies.checkpoint import CheckpointStrategy
+from .strategies.namespace import NamespaceStrategy
+from .strategies.node import NodeStrategy
+from .strategies.pod import PodStrategy
+from .strategies.service import EndpointSliceStrategy, EndpointsStrategy, ServiceStrategy
+from .strategies.simple import ConfigMapStrategy, EventStrategy, LeaseStrategy, SecretStrategy
+from .strategy import Strategy
+
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+@dataclass(frozen=True)
+class Subresource:
+    name: str
+    kind: str
+    verbs: tuple[str, ...]
+    group: str | None = None
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    singular: str
+    kind: str
+    namespaced: bool
+    strategy: Strategy
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    subresources: tuple[Subresource, ...] = ()
+    verbs: tuple[str, ...] = tuple(VERBS)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def group_version(self) -> str:
+        return self.api_version
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    def key(self, namespace: str | None, name: str) -> str:
+        return f"{self.prefix(namespace)}{name}"
+
+    def prefix(self, namespace: str | None = None) -> str:
+        base = f"/registry/{self.group or 'core'}/{self.plural}/"
+        if self.namespaced and namespace:
+            return f"{base}{namespace}/"
+        return base
+
+    def has_sub(self, name: str) -> bool:
+        return any(s.name == name for s in self.subresources)
+
+
+def _status(kind: str) -> Subresource:
+    return Subresource("status", kind, ("get", "patch", "update"))
+
+
+_SCALE = Subresource("scale", "Scale", ("get", "patch", "update"), "autoscaling", "v1")
+
+RESOURCES: tuple[Resource, ...] = (
+    Resource("", "v1", "namespaces", "namespace", "Namespace", False, NamespaceStrategy(),
+             ("ns",), subresources=(_status("Namespace"), Subresource("finalize", "Namespace", ("update",)))),
+    Resource("", "v1", "nodes", "node", "Node", False, NodeStrategy(), ("no",),
+             subresources=(_status("Node"), Subresource("proxy", "NodeProxyOptions",
+                                                         ("create", "delete", "get", "patch", "update")))),
+    Resource("", "v1", "pods", "pod", "Pod", True, PodStrategy(), ("po",), ("all",),
+             subresources=(_status("Pod"),
+                           Subresource("binding", "Binding", ("create",)),
+                           Subresource("eviction", "Eviction", ("create",), "policy", "v1"),
+                           Subresource("log", "Pod", ("get",)),
+                           Subresource("proxy", "PodProxyOptions", ("create", "delete", "get", "patch", "update")))),
+    Resource("", "v1", "services", "service", "Service", True, ServiceStrategy(), ("svc",), ("all",),
+             subresources=(_status("Service"), Subresource("proxy", "ServiceProxyOptions",
+                                                            ("create", "delete", "get", "patch", "update")))),
+    Resource("", "v1", "endpoints", "endpoints", "Endpoints", True, EndpointsStrategy(), ("ep",)),
+    Resource("", "v1", "events", "event", "Event", True, EventStrategy(), ("ev",)),
+    Resource("", "v1", "configmaps", "configmap", "ConfigMap", True, ConfigMapStrategy(), ("cm",)),
+    Resource("", "v1", "secrets", "secret", "Secret", True, SecretStrategy()),
+    Resource("coordination.k8s.io", "v1", "leases", "lease", "Lease", True, LeaseStrategy()),
+    Resource("apps", "v1", "deployments", "deployment", "Deployment", True, DeploymentStrategy(),
+             ("deploy",), ("all",), subresources=(_status("Deployment"), _SCALE)),
+    Resource("apps", "v1", "replicasets", "replicaset", "ReplicaSet", True, ReplicaSetStrategy(),
+             ("rs",), ("all",), subresources=(_status("ReplicaSet"), _SCALE)),
+    Resource("apps", "v1", "daemonsets", "daemonset", "DaemonSet", True, DaemonSetStrategy(),
+             ("ds",), ("all",), subresources=(_status("DaemonSet"),)),
+    Resource("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", True,
+             PodDisruptionBudgetStrategy(), ("pdb",), subresources=(_status("PodDisruptionBudget"),)),
+    Resource("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice", True,
+             EndpointSliceStrategy()),
+    Resource("kube32.io", "v1", "checkpoints", "checkpoint", "Checkpoint", True, CheckpointStrategy(),
+             ("ckpt",), ("kube32",),
+             subresources=(_status("Checkpoint"), Subresource("data", "Checkpoint", ("get", "update")))),
+)
+
+GROUP_VERSIONS: dict[str, list[Resource]] = {}
+for _r in RESOURCES:
+    GROUP_VERSIONS.setdefault(_r.group_version, []).append(_r)
+
+# Groups in discovery order; "policy" serves evictions as a subresource of pods too.
+GROUPS: dict[str, str] = {}  # group -> preferred version
+for _r in RESOURCES:
+    if _r.group:
+        GROUPS.setdefault(_r.group, _r.version)
+
+_BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
+_BY_KIND = {(r.group, r.kind): r for r in RESOURCES}
+
+
+def lookup(group: str, version: str, plural: str) -> Resource | None:
+    return _BY_PATH.get((group, version, plural))
+
+
+def by_kind(group: str, kind: str) -> Resource | None:
+    return _BY_KIND.get((group, kind))
+
+
+def by_plural(plural: str) -> Resource:
+    for r in RESOURCES:
+        if r.plural == plural:
+            return r
+    raise KeyError(plural)

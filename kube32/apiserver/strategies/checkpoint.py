@@ -1,0 +1,92 @@
+"""kube32.io/v1 Checkpoints: spec validation, status only through /status, the spec's columns."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import meta
+from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
+
+PHASES = ("Pending", "Saving", "Saved", "Moving", "Completed", "Failed")
+SPEC_FIELDS = {"podName", "containerName", "action", "target"}
+TARGET_FIELDS = {"nodeName", "nodeSelector"}
+
+
+def size_text(n: Any) -> str:
+    """Sizes as Kubernetes quantities print them: 12Ki, 3Mi, 512."""
+    if not isinstance(n, int):
+        return ""
+    for unit, factor in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if n >= factor:
+            value = n / factor
+            return f"{value:.0f}{unit}" if value >= 10 or value == int(value) else f"{value:.1f}{unit}"
+    return str(n)
+
+
+class CheckpointStrategy(Strategy):
+    kind = "Checkpoint"
+    columns = [NAME_COLUMN, Column("Pod"), Column("Action"), Column("Phase"), Column("Node"),
+               Column("Size"), AGE_COLUMN, Column("Target", priority=1), Column("New Pod", priority=1),
+               Column("Message", priority=1)]
+    selectable_fields = {"metadata.name", "metadata.namespace", "spec.podName", "status.phase"}
+
+    def default_status(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return {"phase": "Pending"}
+
+    def default(self, obj: dict[str, Any]) -> None:
+        spec = obj.get("spec")
+        if isinstance(spec, dict):
+            spec.setdefault("action", "Save")
+
+    def unknown_nested(self, obj: dict[str, Any]) -> list[str]:
+        spec = obj.get("spec")
+        if not isinstance(spec, dict):
+            return []
+        bad = [f"spec.{k}" for k in spec if k not in SPEC_FIELDS]
+        if isinstance(spec.get("target"), dict):
+            bad += [f"spec.target.{k}" for k in spec["target"] if k not in TARGET_FIELDS]
+        return bad
+
+    def validate(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
+        spec = obj.get("spec")
+        if not isinstance(spec, dict):
+            return [("spec", "Required value")]
+        errs = []
+        pod = spec.get("podName")
+        if not pod:
+            errs.append(("spec.podName", "Required value"))
+        elif not isinstance(pod, str) or not meta.DNS1123_SUBDOMAIN.match(pod):
+            errs.append(("spec.podName", f'Invalid value: "{pod}": {meta.SUBDOMAIN_MSG}'))
+        action = spec.get("action", "Save")
+        if action not in ("Save", "Move"):
+            errs.append(("spec.action", f'Unsupported value: "{action}": supported values: "Save", "Move"'))
+        target = spec.get("target")
+        if target is not None:
+            if not isinstance(target, dict):
+                errs.append(("spec.target", "Invalid value: must be an object"))
+            else:
+                if action != "Move":
+                    errs.append(("spec.target", "Forbidden: a target applies only to action Move"))
+                if target.get("nodeName") and target.get("nodeSelector"):
+                    errs.append(("spec.target", "Invalid value: give nodeName or nodeSelector, not both"))
+                sel = target.get("nodeSelector")
+                if sel is not None and (not isinstance(sel, dict)
+                                        or not all(isinstance(v, str) for v in sel.values())):
+                    errs.append(("spec.target.nodeSelector", "Invalid value: must be a map of strings"))
+        return errs
+
+    def validate_update(self, new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, str]]:
+        errs = self.validate(new)
+        if new.get("spec") != old.get("spec"):
+            errs.append(("spec", "Invalid value: field is immutable"))
+        return errs
+
+    def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
+        return {"spec.podName": get_path(obj, "spec", "podName", default="") or "",
+                "status.phase": get_path(obj, "status", "phase", default="") or ""}
+
+    def row(self, obj: dict[str, Any]) -> list[Any]:
+        spec, st = obj.get("spec") or {}, obj.get("status") or {}
+        return [meta.name_of(obj), spec.get("podName", ""), spec.get("action", "Save"),
+                st.get("phase", "Pending"), st.get("nodeName") or "", size_text(st.get("sizeBytes")),
+                meta.age(obj), st.get("targetNode") or "", st.get("newPodName") or "",
+                st.get("message") or ""]

@@ -1,0 +1,56 @@
+"""Nodes: cluster-scoped; the kubelet writes status (kept on create); kubectl's node columns."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import meta
+from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, condition, get_path
+
+
+def node_status_text(node: dict[str, Any]) -> str:
+    ready = condition(node, "Ready")
+    if ready is None:
+        text = "Unknown"
+    elif ready.get("status") == "True":
+        text = "Ready"
+    elif ready.get("status") == "False":
+        text = "NotReady"
+    else:
+        text = "Unknown"
+    if (node.get("spec") or {}).get("unschedulable"):
+        text += ",SchedulingDisabled"
+    return text
+
+
+def node_roles(node: dict[str, Any]) -> str:
+    prefix = "node-role.kubernetes.io/"
+    roles = sorted(k[len(prefix):] for k in meta.labels_of(node) if k.startswith(prefix))
+    return ",".join(roles) or "<none>"
+
+
+class NodeStrategy(Strategy):
+    kind = "Node"
+    keep_status_on_create = True
+    selectable_fields = {"metadata.name", "spec.unschedulable"}
+    columns = [NAME_COLUMN,
+               Column("Status", description="The status of the node"),
+               Column("Roles", description="The roles of the node"),
+               AGE_COLUMN,
+               Column("Version", description="Kubelet Version reported by the node."),
+               Column("Internal-IP", priority=1, description="List of internal IPs for the node."),
+               Column("External-IP", priority=1, description="List of external IPs for the node."),
+               Column("OS-Image", priority=1, description="OS image reported by the node."),
+               Column("Kernel-Version", priority=1, description="Kernel version reported by the node."),
+               Column("Container-Runtime", priority=1, description="Container runtime and version.")]
+
+    def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
+        return {"spec.unschedulable": str(bool((obj.get("spec") or {}).get("unschedulable"))).lower()}
+
+    def row(self, obj: dict[str, Any]) -> list[Any]:
+        addrs = get_path(obj, "status", "addresses", default=[]) or []
+        ip = lambda t: ",".join(a.get("address", "") for a in addrs if a.get("type") == t) or "<none>"
+        info = get_path(obj, "status", "nodeInfo", default={}) or {}
+        return [meta.name_of(obj), node_status_text(obj), node_roles(obj), meta.age(obj),
+                info.get("kubeletVersion", ""), ip("InternalIP"), ip("ExternalIP"),
+                info.get("osImage", "<unknown>"), info.get("kernelVersion", "<unknown>"),
+                info.get("containerRuntimeVersion", "<unknown>")]

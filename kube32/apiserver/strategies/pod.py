@@ -1,0 +1,174 @@
+"""Pods: defaults, spec immutability, status phase, and kubectl's pod columns."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import meta
+from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
+
+CONTAINER_FIELDS = {"name", "image", "command", "args", "workingDir", "ports", "envFrom", "env",
+                    "resources", "volumeMounts", "volumeDevices", "livenessProbe", "readinessProbe",
+                    "startupProbe", "lifecycle", "terminationMessagePath", "terminationMessagePolicy",
+                    "imagePullPolicy", "securityContext", "stdin", "stdinOnce", "tty", "resizePolicy",
+                    "restartPolicy"}
+POD_SPEC_FIELDS = {"volumes", "initContainers", "containers", "ephemeralContainers", "restartPolicy",
+                   "terminationGracePeriodSeconds", "activeDeadlineSeconds", "dnsPolicy",
+                   "nodeSelector", "serviceAccountName", "serviceAccount",
+                   "automountServiceAccountToken", "nodeName", "hostNetwork", "hostPID", "hostIPC",
+                   "shareProcessNamespace", "securityContext", "imagePullSecrets", "hostname",
+                   "subdomain", "affinity", "schedulerName", "tolerations", "hostAliases",
+                   "priorityClassName", "priority", "dnsConfig", "readinessGates", "runtimeClassName",
+                   "enableServiceLinks", "preemptionPolicy", "overhead",
+                   "topologySpreadConstraints", "setHostnameAsFQDN", "os", "hostUsers",
+                   "schedulingGates", "resourceClaims"}
+
+# Fields of a pod spec that an update may change (as ValidatePodUpdate allows).
+MUTABLE_SPEC = {"activeDeadlineSeconds", "tolerations", "schedulingGates"}
+
+
+def unknown_pod_spec_fields(spec: Any, prefix: str) -> list[str]:
+    if not isinstance(spec, dict):
+        return []
+    bad = [f"{prefix}.{k}" for k in spec if k not in POD_SPEC_FIELDS]
+    for list_name in ("containers", "initContainers"):
+        for i, c in enumerate(spec.get(list_name) or []):
+            if isinstance(c, dict):
+                bad += [f"{prefix}.{list_name}[{i}].{k}" for k in c if k not in CONTAINER_FIELDS]
+    return bad
+
+
+def default_pod_spec(spec: dict[str, Any]) -> None:
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("securityContext", {})
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        if isinstance(c, dict):
+            c.setdefault("imagePullPolicy", "IfNotPresent")
+            c.setdefault("terminationMessagePath", "/dev/termination-log")
+            c.setdefault("terminationMessagePolicy", "File")
+            c.setdefault("resources", {})
+
+
+def validate_pod_spec(spec: Any, prefix: str) -> list[tuple[str, str]]:
+    if not isinstance(spec, dict):
+        return [(prefix, "Required value")]
+    errs: list[tuple[str, str]] = []
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        return [(f"{prefix}.containers", "Required value")]
+    seen: set[str] = set()
+    for i, c in enumerate(containers):
+        field = f"{prefix}.containers[{i}]"
+        if not isinstance(c, dict):
+            errs.append((field, "Invalid value: must be an object"))
+            continue
+        name = c.get("name")
+        if not name:
+            errs.append((f"{field}.name", "Required value"))
+        elif not isinstance(name, str) or not meta.DNS1123_LABEL.match(name) or len(name) > 63:
+            errs.append((f"{field}.name", f'Invalid value: "{name}": {meta.LABEL_MSG}'))
+        elif name in seen:
+            errs.append((f"{field}.name", f'Duplicate value: "{name}"'))
+        else:
+            seen.add(name)
+        if not c.get("image"):
+            errs.append((f"{field}.image", "Required value"))
+        for j, e in enumerate(c.get("env") or []):
+            if not isinstance(e, dict) or not e.get("name"):
+                errs.append((f"{field}.env[{j}].name", "Required value"))
+    policy = spec.get("restartPolicy", "Always")
+    if policy not in ("Always", "OnFailure", "Never"):
+        errs.append((f"{prefix}.restartPolicy", f'Unsupported value: "{policy}": supported values: '
+                     '"Always", "OnFailure", "Never"'))
+    return errs
+
+
+def pod_status_text(pod: dict[str, Any]) -> str:
+    """The STATUS column, after kubectl's printPod."""
+    status = pod.get("status") or {}
+    reason = status.get("reason") or status.get("phase") or "Pending"
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if state.get("waiting", {}).get("reason"):
+            reason = state["waiting"]["reason"]
+        elif "terminated" in state:
+            t = state["terminated"]
+            reason = t.get("reason") or (f"Signal:{t['signal']}" if t.get("signal")
+                                         else f"ExitCode:{t.get('exitCode', 0)}")
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        reason = "Terminating"
+    return reason
+
+
+class PodStrategy(Strategy):
+    kind = "Pod"
+    top_fields = {"spec", "status"}
+    columns = [NAME_COLUMN,
+               Column("Ready", description="The aggregate readiness state of this pod for accepting traffic."),
+               Column("Status", description="The aggregate status of the containers in this pod."),
+               Column("Restarts", type="string", description="The number of times the containers in this pod have been restarted."),
+               AGE_COLUMN,
+               Column("IP", priority=1, description="The IP address assigned to the pod"),
+               Column("Node", priority=1, description="The name of the node the pod is scheduled on"),
+               Column("Nominated Node", priority=1, description="The node the pod is nominated on"),
+               Column("Readiness Gates", priority=1, description="The readiness gates of the pod")]
+    selectable_fields = {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
+                         "spec.schedulerName", "spec.serviceAccountName", "status.phase",
+                         "status.podIP", "status.nominatedNodeName", "spec.hostNetwork"}
+
+    def default_status(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return {"phase": "Pending", "qosClass": "BestEffort"}
+
+    def default(self, obj: dict[str, Any]) -> None:
+        spec = obj.get("spec")
+        if isinstance(spec, dict):
+            default_pod_spec(spec)
+
+    def unknown_nested(self, obj: dict[str, Any]) -> list[str]:
+        return unknown_pod_spec_fields(obj.get("spec"), "spec")
+
+    def validate(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
+        return validate_pod_spec(obj.get("spec"), "spec")
+
+    def validate_update(self, new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, str]]:
+        errs = self.validate(new)
+        if errs:
+            return errs
+        ns, os_ = dict(new.get("spec") or {}), dict(old.get("spec") or {})
+        for f in MUTABLE_SPEC:
+            ns.pop(f, None)
+            os_.pop(f, None)
+        # Images may change (kubectl set image); compare the rest of the containers.
+        strip = lambda cs: [{k: v for k, v in c.items() if k != "image"} for c in cs or []]
+        ns["containers"], os_["containers"] = strip(ns.get("containers")), strip(os_.get("containers"))
+        if ns != os_:
+            return [("spec", "Forbidden: pod updates may not change fields other than "
+                     "`spec.containers[*].image`, `spec.initContainers[*].image`, "
+                     "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
+                     "tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 "
+                     "if it was previously negative)")]
+        return []
+
+    def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        return {"spec.nodeName": spec.get("nodeName", ""),
+                "spec.restartPolicy": spec.get("restartPolicy", ""),
+                "spec.schedulerName": spec.get("schedulerName", ""),
+                "spec.serviceAccountName": spec.get("serviceAccountName", ""),
+                "spec.hostNetwork": str(bool(spec.get("hostNetwork"))).lower(),
+                "status.phase": status.get("phase", ""),
+                "status.podIP": status.get("podIP", ""),
+                "status.nominatedNodeName": status.get("nominatedNodeName", "")}
+
+    def row(self, obj: dict[str, Any]) -> list[Any]:
+        containers = get_path(obj, "spec", "containers", default=[]) or []
+        statuses = get_path(obj, "status", "containerStatuses", default=[]) or []
+        ready = sum(1 for s in statuses if s.get("ready"))
+        restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
+        status = obj.get("status") or {}
+        return [meta.name_of(obj), f"{ready}/{len(containers)}", pod_status_text(obj), str(restarts),
+                meta.age(obj), status.get("podIP") or "<none>",
+                (obj.get("spec") or {}).get("nodeName") or "<none>",
+                status.get("nominatedNodeName") or "<none>", "<none>"]

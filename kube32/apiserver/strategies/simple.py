@@ -1,0 +1,107 @@
+"""Kinds with no special rules beyond their columns: ConfigMaps, Secrets, Leases, Events."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import meta
+from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
+
+
+class ConfigMapStrategy(Strategy):
+    kind = "ConfigMap"
+    has_status = False
+    top_fields = {"data", "binaryData", "immutable"}
+    columns = [NAME_COLUMN, Column("Data", type="integer"), AGE_COLUMN]
+
+    def validate(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
+        errs = []
+        for field in ("data", "binaryData"):
+            val = obj.get(field)
+            if val is not None and not isinstance(val, dict):
+                errs.append((field, "Invalid value: must be a map of strings"))
+            for k, v in (val or {}).items() if isinstance(val, dict) else ():
+                if not isinstance(v, str):
+                    errs.append((f"{field}[{k}]", "Invalid value: must be a string"))
+        return errs
+
+    def row(self, obj: dict[str, Any]) -> list[Any]:
+        n = len(obj.get("data") or {}) + len(obj.get("binaryData") or {})
+        return [meta.name_of(obj), n, meta.age(obj)]
+
+
+class SecretStrategy(Strategy):
+    kind = "Secret"
+    has_status = False
+    top_fields = {"data", "stringData", "type", "immutable"}
+    columns = [NAME_COLUMN, Column("Type"), Column("Data", type="integer"), AGE_COLUMN]
+    selectable_fields = {"metadata.name", "metadata.namespace", "type"}
+
+    def default(self, obj: dict[str, Any]) -> None:
+        import base64
+        string_data = obj.pop("stringData", None)
+        if isinstance(string_data, dict):
+            data = obj.setdefault("data", {})
+            for k, v in string_data.items():
+                data[k] = base64.b64encode(str(v).encode()).decode()
+        obj.setdefault("type", "Opaque")
+
+    def validate(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
+        import base64
+        import binascii
+        errs = []
+        for k, v in (obj.get("data") or {}).items():
+            try:
+                base64.b64decode(v, validate=True)
+            except (binascii.Error, TypeError, ValueError):
+                errs.append((f"data[{k}]", "Invalid value: must be base64-encoded"))
+        return errs
+
+    def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
+        return {"type": obj.get("type", "")}
+
+    def row(self, obj: dict[str, Any]) -> list[Any]:
+        return [meta.name_of(obj), obj.get("type", "Opaque"), len(obj.get("data") or {}), meta.age(obj)]
+
+
+class LeaseStrategy(Strategy):
+    kind = "Lease"
+    has_status = False
+    columns = [NAME_COLUMN, Column("Holder"), AGE_COLUMN]
+
+    def row(self, obj: dict[str, Any]) -> list[Any]:
+        return [meta.name_of(obj), get_path(obj, "spec", "holderIdentity", default="") or "", meta.age(obj)]
+
+
+class EventStrategy(Strategy):
+    kind = "Event"
+    has_status = False
+    name_rule = "subdomain"
+    top_fields = {"involvedObject", "reason", "message", "source", "firstTimestamp", "lastTimestamp",
+                  "count", "type", "eventTime", "series", "action", "related", "reportingComponent",
+                  "reportingInstance"}
+    columns = [Column("Last Seen"), Column("Type"), Column("Reason"), Column("Object"),
+               Column("Subobject", priority=1), Column("Source", priority=1), Column("Message"),
+               Column("First Seen", priority=1), Column("Count", priority=1), Column("Name", priority=1)]
+    selectable_fields = {"metadata.name", "metadata.namespace", "involvedObject.kind",
+                         "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+                         "involvedObject.apiVersion", "involvedObject.resourceVersion",
+                         "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"}
+
+    def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
+        io = obj.get("involvedObject") or {}
+        out = {f"involvedObject.{k}": str(io.get(k, "")) for k in
+               ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")}
+        out.update({"reason": obj.get("reason", ""), "type": obj.get("type", ""),
+                    "reportingComponent": obj.get("reportingComponent", ""),
+                    "source": (obj.get("source") or {}).get("component", "")})
+        return out
+
+    def row(self, obj: dict[str, Any]) -> list[Any]:
+        io = obj.get("involvedObject") or {}
+        last = obj.get("lastTimestamp") or obj.get("eventTime") or (obj.get("metadata") or {}).get("creationTimestamp")
+        first = obj.get("firstTimestamp") or obj.get("eventTime")
+        src = obj.get("source") or {}
+        return [meta.age(obj, last), obj.get("type", ""), obj.get("reason", ""),
+                f"{(io.get('kind') or '').lower()}/{io.get('name', '')}", io.get("fieldPath", ""),
+                ", ".join(v for v in (src.get("component"), src.get("host")) if v),
+                obj.get("message", ""), meta.age(obj, first), obj.get("count", 1), meta.name_of(obj)]

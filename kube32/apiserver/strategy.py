@@ -1,0 +1,145 @@
+"""The per-kind behaviour of the generic registry (as Kubernetes' ``strategy.go``).
+
+A :class:`Strategy` says what is special about a kind: defaults and status
+handling on create and update, validation, the fields a field selector may
+name, and the columns of its server-side Table.  The registry does everything
+else the same way for every kind.  Invariants a strategy keeps:
+
+* ``prepare_for_create`` and ``prepare_for_update`` keep ``status`` out of
+  object writes when the kind has a status subresource; status changes only
+  through ``/status`` (``prepare_for_status_update`` keeps everything else).
+* ``validate`` returns (field, message) pairs; an empty list means valid.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from . import meta
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str = "string"
+    format: str = ""
+    priority: int = 0
+    description: str = ""
+
+    def definition(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.type, "format": self.format,
+                "description": self.description, "priority": self.priority}
+
+
+NAME_COLUMN = Column("Name", format="name", description="Name must be unique within a namespace.")
+AGE_COLUMN = Column("Age", description="CreationTimestamp is a timestamp representing the server "
+                    "time when this object was created.")
+
+# Top-level fields every kind accepts, for strict field validation.
+COMMON_TOP = {"apiVersion", "kind", "metadata"}
+METADATA_FIELDS = {"name", "generateName", "namespace", "uid", "resourceVersion", "generation",
+                   "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                   "labels", "annotations", "ownerReferences", "finalizers", "managedFields",
+                   "selfLink"}
+
+
+class Strategy:
+    kind: ClassVar[str] = ""
+    has_status: ClassVar[bool] = True
+    keep_status_on_create: ClassVar[bool] = False
+    name_rule: ClassVar[str] = "subdomain"  # or "label" or "any"
+    top_fields: ClassVar[set[str]] = {"spec", "status"}
+    columns: ClassVar[list[Column]] = [NAME_COLUMN, AGE_COLUMN]
+    selectable_fields: ClassVar[set[str]] = set()
+    spec_fields: ClassVar[tuple[str, ...]] = ("spec",)
+
+    # --- writes -----------------------------------------------------------
+    def prepare_for_create(self, obj: dict[str, Any]) -> None:
+        if self.has_status and not self.keep_status_on_create:
+            obj.pop("status", None)
+            default = self.default_status(obj)
+            if default is not None:
+                obj["status"] = default
+        self.default(obj)
+
+    def default_status(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        return None
+
+    def default(self, obj: dict[str, Any]) -> None:
+        """Fill defaults of the spec, as Kubernetes' defaulting functions."""
+
+    def prepare_for_update(self, new: dict[str, Any], old: dict[str, Any]) -> None:
+        if self.has_status:
+            if "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
+            else:
+                new.pop("status", None)
+        self.default(new)
+
+    def prepare_for_status_update(self, new: dict[str, Any], old: dict[str, Any]) -> None:
+        status = new.get("status")
+        keep = copy.deepcopy(old)
+        new.clear()
+        new.update(keep)
+        if status is not None:
+            new["status"] = status
+        else:
+            new.pop("status", None)
+
+    def spec_changed(self, new: dict[str, Any], old: dict[str, Any]) -> bool:
+        return any(new.get(f) != old.get(f) for f in self.spec_fields)
+
+    # --- validation ---------------------------------------------------------
+    def validate(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
+        return []
+
+    def validate_update(self, new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, str]]:
+        return self.validate(new)
+
+    def unknown_fields(self, obj: dict[str, Any]) -> list[str]:
+        """Paths of fields the kind does not have (for fieldValidation=Strict)."""
+        allowed = COMMON_TOP | self.top_fields
+        bad = [k for k in obj if k not in allowed]
+        md = obj.get("metadata")
+        if isinstance(md, dict):
+            bad += [f"metadata.{k}" for k in md if k not in METADATA_FIELDS]
+        return bad + self.unknown_nested(obj)
+
+    def unknown_nested(self, obj: dict[str, Any]) -> list[str]:
+        return []
+
+    # --- reads --------------------------------------------------------------
+    def fields(self, obj: dict[str, Any]) -> dict[str, str]:
+        """Values of the fields a field selector may name."""
+        md = obj.get("metadata") or {}
+        out = {"metadata.name": md.get("name", ""), "metadata.namespace": md.get("namespace", "")}
+        out.update(self.extra_fields(obj))
+        return out
+
+    def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
+        return {}
+
+    def row(self, obj: dict[str, Any]) -> list[Any]:
+        return [meta.name_of(obj), meta.age(obj)]
+
+
+def get_path(obj: Any, *path: str | int, default: Any = None) -> Any:
+    cur = obj
+    for p in path:
+        if isinstance(p, int):
+            if not isinstance(cur, list) or p >= len(cur):
+                return default
+            cur = cur[p]
+        else:
+            if not isinstance(cur, dict) or p not in cur:
+                return default
+            cur = cur[p]
+    return cur
+
+
+def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    for c in get_path(obj, "status", "conditions", default=[]) or []:
+        if isinstance(c, dict) and c.get("type") == ctype:
+            return c
+    return None

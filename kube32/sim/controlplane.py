@@ -1,0 +1,87 @@
+"""``kube32-sim control-plane``: the API server (and, as later parts land, the
+scheduler, the controllers and a kubelet for the control plane's own node).
+
+Startup order: open the store under ``--data-dir``, load or create the tokens,
+listen (port 0 picks a free port), then write the kubeconfigs with the real
+address, so a kubeconfig never names a port nobody listens on.  SIGINT/SIGTERM
+stop it cleanly: the listener closes, open watches end, the store closes.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from ..apiserver import pki
+from ..apiserver.auth import APISERVER, load_or_create_tokens, write_kubeconfigs
+from ..apiserver.server import APIServer
+from ..store import SQLiteStore
+
+log = logging.getLogger("kube32.controlplane")
+
+
+@dataclass(frozen=True)
+class ControlPlaneOptions:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    insecure_http: bool = False  # plain HTTP: kubectl then sends no token, for debugging only
+
+
+class ControlPlane:
+    def __init__(self, opts: ControlPlaneOptions) -> None:
+        self.opts = opts
+        self.runner: web.AppRunner | None = None
+        self.server: APIServer | None = None
+        self.store: SQLiteStore | None = None
+        self.url = ""
+        self.kubeconfig: Path | None = None
+
+    async def start(self) -> None:
+        self.opts.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = await SQLiteStore.open(self.opts.data_dir / "state.db")
+        auth = load_or_create_tokens(self.opts.data_dir)
+        self.server = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER))
+        await self.server.ensure_defaults()
+        self.runner = web.AppRunner(self.server.app, handler_cancellation=True, access_log=None)
+        await self.runner.setup()
+        ssl_ctx, ca_pem = None, None
+        if not self.opts.insecure_http:
+            pki_dir = self.opts.data_dir / "pki"
+            ca_crt, _ = pki.ensure_ca(pki_dir)
+            crt, key = pki.issue_serving_cert(pki_dir, "apiserver", pki.default_hosts(self.opts.host))
+            ssl_ctx, ca_pem = pki.server_context(crt, key), ca_crt.read_bytes()
+        site = web.TCPSite(self.runner, self.opts.host, self.opts.port, reuse_address=True,
+                           ssl_context=ssl_ctx)
+        await site.start()
+        sock = site._server.sockets[0]  # type: ignore[union-attr]
+        port = sock.getsockname()[1]
+        scheme = "http" if self.opts.insecure_http else "https"
+        self.url = f"{scheme}://{self.opts.host}:{port}"
+        self.kubeconfig = write_kubeconfigs(self.opts.data_dir, self.url, auth, ca_pem)
+
+    async def stop(self) -> None:
+        if self.store is not None:
+            await self.store.close()  # ends open watches so the runner can finish
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+async def run_control_plane(opts: ControlPlaneOptions) -> int:
+    cp = ControlPlane(opts)
+    await cp.start()
+    print(f"kube32 control plane listening on {cp.url}", flush=True)
+    print(f"kubeconfig: {cp.kubeconfig}", flush=True)
+    print(f"try: kubectl --kubeconfig {cp.kubeconfig} get nodes,pods", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print("kube32 control plane stopping", flush=True)
+    await cp.stop()
+    return 0
