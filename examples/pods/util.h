@@ -5,17 +5,17 @@
 
 typedef struct { char *p; int32_t n, cap; } sbuf;
 
-static void sb_putn(sbuf *b, const char *s, int32_t n) {
+static inline void sb_putn(sbuf *b, const char *s, int32_t n) {
     for (int32_t i = 0; i < n && b->n < b->cap; i++) b->p[b->n++] = s[i];
 }
-static void sb_puts(sbuf *b, const char *s) { sb_putn(b, s, k32_strlen(s)); }
-static void sb_putu(sbuf *b, uint64_t v) {
+static inline void sb_puts(sbuf *b, const char *s) { sb_putn(b, s, k32_strlen(s)); }
+static inline void sb_putu(sbuf *b, uint64_t v) {
     char t[24]; int i = 0;
     do { t[i++] = (char)('0' + v % 10); v /= 10; } while (v);
     while (i) { char c = t[--i]; sb_putn(b, &c, 1); }
 }
 /* JSON string body without quotes: escapes quote, backslash and control bytes */
-static void sb_putjs(sbuf *b, const char *s, int32_t n) {
+static inline void sb_putjs(sbuf *b, const char *s, int32_t n) {
     static const char hex[] = "0123456789abcdef";
     for (int32_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -24,14 +24,14 @@ static void sb_putjs(sbuf *b, const char *s, int32_t n) {
         else sb_putn(b, (const char *)&c, 1);
     }
 }
-static int str_eq(const char *a, int32_t n, const char *b) {
+static inline int str_eq(const char *a, int32_t n, const char *b) {
     int32_t m = k32_strlen(b);
     if (n != m) return 0;
     for (int32_t i = 0; i < n; i++) if (a[i] != b[i]) return 0;
     return 1;
 }
 /* value of key in a query string "a=1&b=2"; length or -1 */
-static int32_t query_get(const char *q, int32_t n, const char *key, const char **out) {
+static inline int32_t query_get(const char *q, int32_t n, const char *key, const char **out) {
     int32_t k = k32_strlen(key), i = 0;
     while (i < n) {
         int32_t j = i;
@@ -45,7 +45,7 @@ static int32_t query_get(const char *q, int32_t n, const char *key, const char *
     }
     return -1;
 }
-static int64_t parse_int(const char *s, int32_t n) {
+static inline int64_t parse_int(const char *s, int32_t n) {
     int64_t v = 0;
     for (int32_t i = 0; i < n && s[i] >= '0' && s[i] <= '9'; i++) v = v * 10 + (s[i] - '0');
     return v;

@@ -390,7 +390,7 @@ class Pod:
         entry = self.module.entry_point
         sig = self.module.info.signature_of_export(entry)
         error = self._call(entry, *([0] * len(sig.params)))
-        if error is not None and self._stopping:
+        if self._stopping:
             return
         if error is not None:
             self._fail(entry, error)
@@ -917,5 +917,10 @@ def _fail(fut: Future, exc: BaseException) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The cause of a wasmtime error without its backtrace."""
     text = str(exc).strip()
+    if "Caused by:" in text:
+        causes = [line.strip() for line in text.split("Caused by:", 1)[1].splitlines() if line.strip()]
+        causes = [c.split(":", 1)[1].strip() if c[:1].isdigit() and ":" in c else c for c in causes]
+        return "; ".join(causes)
     return text.splitlines()[0] if text else type(exc).__name__
