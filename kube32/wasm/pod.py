@@ -312,7 +312,13 @@ class Pod:
         if self.module.kind == "command":
             self._run_command()
             return
-        error = self._call("k32_init" if first == "init" else "k32_restored")
+        first_call = "k32_init" if first == "init" else "k32_restored"
+        with self._cond:
+            self._busy = first_call
+        error = self._call(first_call)
+        with self._cond:
+            self._busy = None
+            self._cond.notify_all()
         if error is not None:
             self._first_error = f"{'k32_init' if first == 'init' else 'k32_restored'} failed: {error}"
             self.state = "failed"

@@ -481,3 +481,16 @@ def test_snapshot_whose_tables_do_not_match_is_refused(rt, pods, counter_snapsho
 
 def test_image_error_is_distinct_from_pod_error():
     assert not issubclass(ImageError, PodError)
+
+
+def test_memory_limit_below_one_page_snapshots_only_the_backed_bytes(rt, pods):
+    pod = make(rt, pods, memory_limit_bytes=40000)
+    get(pod)
+    assert pod.memory_bytes == 40000
+    pod.freeze(1000)
+    data = snapshot_bytes(pod)
+    header = k32s.SnapshotReader().read_from(io.BytesIO(data)).header
+    assert (header.memory_bytes, header.memory_pages) == (40000, 1)
+    restored = restore(rt, pods, data, memory_limit_bytes=40000)
+    assert state(restored)["requests"] == 2
+    assert refused(rt, pods, data, memory_limit_bytes=30000).cause == "memory-limit"
