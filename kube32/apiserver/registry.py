@@ -457,15 +457,19 @@ class Registry:
         """
         if resource_version in (None, "", "0"):
             items, start = await self.list(res, ns, labels, fields)
-            for obj in items:
-                yield "ADDED", obj
         else:
+            items = []
             try:
                 start = int(resource_version)
             except ValueError:
                 raise errors.bad_request(f"invalid resource version: {resource_version!r}") from None
+        # Subscribe before sending the synthetic ADDED events: the subscription starts at
+        # the call, so nothing written while they go out is lost.
+        stream = self.store.watch(res.prefix(ns), start)
         try:
-            async for ev in self.store.watch(res.prefix(ns), start):
+            for obj in items:
+                yield "ADDED", obj
+            async for ev in stream:
                 obj = decode(ev.kv)
                 prev = decode(ev.prev) if ev.prev is not None else None
                 was = prev is not None and self.matches(res, prev, labels, fields)
@@ -481,4 +485,6 @@ class Registry:
                 elif was:
                     yield "DELETED", obj
         except Compacted as e:
-            raise errors.gone(f"too old resource version: {start} ({getattr(e, 'revision', '')})") from None
+            raise errors.gone(f"too old resource version: {start} ({e.compacted_revision})") from None
+        finally:
+            await stream.aclose()

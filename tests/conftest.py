@@ -1,0 +1,117 @@
+"""Shared fixtures: real control planes (and later whole clusters) as processes on 127.0.0.1.
+
+Each fixture starts ``kube32-sim`` exactly as a user would, reads where it listens
+from the kubeconfig it writes, and stops it with SIGTERM (SIGKILL after a grace
+period).  Tests talk to it only through real clients: the preinstalled kubectl
+(with a private ``--cache-dir``) and the ``kubernetes`` Python client.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def sim_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kube32.sim.main", *args]
+
+
+def start(args: list[str], log: Path, env: dict[str, str] | None = None) -> Proc:
+    f = open(log, "wb")
+    popen = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                             start_new_session=True)
+    return Proc(popen, log)
+
+
+def wait_for(predicate, timeout: float = 30, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except Exception as e:  # noqa: BLE001 - keep polling; report the last error
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class ControlPlane:
+    data_dir: Path
+    proc: Proc
+    kubeconfig: Path
+    cache_dir: Path
+
+    @property
+    def server(self) -> str:
+        return yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess:
+        cmd = ["kubectl", "--kubeconfig", str(self.kubeconfig), "--cache-dir", str(self.cache_dir), *args]
+        cp = subprocess.run(cmd, capture_output=True, text=True, input=input, timeout=timeout)
+        if check and cp.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}")
+        return cp
+
+    def kubectl_bg(self, *args: str) -> subprocess.Popen:
+        cmd = ["kubectl", "--kubeconfig", str(self.kubeconfig), "--cache-dir", str(self.cache_dir), *args]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def client(self):
+        from kubernetes import client, config
+        return config.new_client_from_config(str(self.kubeconfig))
+
+
+def start_control_plane(data_dir: Path, *extra: str) -> ControlPlane:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    kubeconfig = data_dir / "admin.kubeconfig"
+    if kubeconfig.exists():
+        kubeconfig.unlink()
+    proc = start(sim_command("control-plane", "--data-dir", str(data_dir), "--port", "0", *extra),
+                 data_dir / "control-plane.log")
+    wait_for(lambda: kubeconfig.exists() or proc.popen.poll() is not None, 30, what="kubeconfig")
+    if proc.popen.poll() is not None:
+        raise AssertionError(f"control plane exited:\n{proc.output()}")
+    return ControlPlane(data_dir, proc, kubeconfig, data_dir / "kubectl-cache")
+
+
+@pytest.fixture
+def control_plane(tmp_path: Path) -> Iterator[ControlPlane]:
+    cp = start_control_plane(tmp_path / "cp")
+    try:
+        yield cp
+    finally:
+        cp.proc.stop()

@@ -1,0 +1,238 @@
+"""The API server driven by the real kubectl 1.32 and the kubernetes Python client."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import ControlPlane, start_control_plane, wait_for
+
+POD = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-1
+  labels: {app: web, tier: front}
+spec:
+  containers:
+  - name: c
+    image: kube32.io/wasm-sha256:%s
+""" % ("ab" * 32)
+
+DEPLOYMENT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: %d
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: c
+        image: wasm://127.0.0.1/counter.wasm
+        env: %s
+"""
+
+CHECKPOINT = """
+apiVersion: kube32.io/v1
+kind: Checkpoint
+metadata: {name: ck1}
+spec: {podName: web-1, action: Move, target: {nodeName: sim-2}}
+status: {phase: Completed}
+"""
+
+
+def apply(cp: ControlPlane, text: str, *extra: str):
+    return cp.kubectl("apply", "-f", "-", *extra, input=text)
+
+
+def test_kubectl_everyday_commands(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    assert "pod/web-1 created" in apply(cp, POD).stdout
+    out = cp.kubectl("get", "pods", "-o", "wide").stdout
+    header = out.splitlines()[0].split()
+    assert header[:5] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"] and "NODE" in header
+    assert "web-1" in out and "Pending" in out and "0/1" in out
+
+    obj = yaml.safe_load(cp.kubectl("get", "pod", "web-1", "-o", "yaml").stdout)
+    assert obj["kind"] == "Pod" and obj["metadata"]["uid"] and obj["status"]["phase"] == "Pending"
+    assert "NAMESPACE" in cp.kubectl("get", "pods", "-A").stdout.splitlines()[0]
+    assert "web-1" in cp.kubectl("get", "pods", "-l", "app=web").stdout
+    assert "No resources found" in cp.kubectl("get", "pods", "-l", "app=db").stderr
+
+    cp.kubectl("label", "pod", "web-1", "color=blue")
+    cp.kubectl("annotate", "pod", "web-1", "note=hello")
+    shown = cp.kubectl("get", "pods", "--show-labels").stdout
+    assert "color=blue" in shown
+    cp.kubectl("label", "pod", "web-1", "color-")
+    assert "color=blue" not in cp.kubectl("get", "pods", "--show-labels").stdout
+    described = cp.kubectl("describe", "pod", "web-1").stdout
+    assert "Name:         web-1" in described and "note: hello" in described
+
+    missing = cp.kubectl("get", "pod", "nope", check=False)
+    assert missing.returncode == 1
+    assert 'Error from server (NotFound): pods "nope" not found' in missing.stderr
+
+    assert 'pod "web-1" deleted' in cp.kubectl("delete", "pod", "web-1", timeout=30).stdout
+    assert cp.kubectl("get", "pod", "web-1", check=False).returncode == 1
+
+
+def test_apply_updates_with_strategic_merge_and_conflicts(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    apply(cp, DEPLOYMENT % (2, '[{name: A, value: "1"}, {name: B, value: "2"}]'))
+    out = apply(cp, DEPLOYMENT % (3, '[{name: B, value: "2"}]')).stdout
+    assert "configured" in out
+    dep = json.loads(cp.kubectl("get", "deploy", "web", "-o", "json").stdout)
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["template"]["spec"]["containers"][0]["env"] == [{"name": "B", "value": "2"}]
+    assert dep["metadata"]["generation"] == 2
+    header = cp.kubectl("get", "deploy", "-o", "wide").stdout.splitlines()[0].split()
+    assert header[:5] == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
+
+    # A replace with a stale resourceVersion is refused with the Kubernetes message.
+    stale = cp.kubectl("get", "deploy", "web", "-o", "json").stdout
+    cp.kubectl("scale", "deploy", "web", "--replicas=4")
+    refused = cp.kubectl("replace", "-f", "-", input=stale, check=False)
+    assert refused.returncode == 1
+    assert ('Error from server (Conflict)' in refused.stderr
+            and "the object has been modified; please apply your changes to the latest version" in refused.stderr)
+
+    ssa = cp.kubectl("apply", "--server-side", "-f", "-", input=DEPLOYMENT % (5, "[]"))
+    assert "serverside-applied" in ssa.stdout
+    dep = json.loads(cp.kubectl("get", "deploy", "web", "-o", "json", "--show-managed-fields").stdout)
+    assert dep["spec"]["replicas"] == 5
+    assert any(m["manager"] == "kubectl" and m["operation"] == "Apply" for m in dep["metadata"]["managedFields"])
+
+
+def test_bad_input_is_refused_by_name_and_nothing_is_stored(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    unknown = cp.kubectl("apply", "-f", "-", input=POD.replace("image:", "foo: 1\n    image:"), check=False)
+    assert 'strict decoding error: unknown field "spec.containers[0].foo"' in unknown.stderr
+    bad_name = cp.kubectl("apply", "-f", "-", input=POD.replace("name: web-1", "name: Web_1"), check=False)
+    assert 'metadata.name: Invalid value: "Web_1"' in bad_name.stderr
+    no_image = cp.kubectl("apply", "-f", "-", input=POD.split("    image:")[0], check=False)
+    assert "spec.containers[0].image: Required value" in no_image.stderr
+    raw = cp.kubectl("create", "--raw", "/api/v1/namespaces/default/pods", "-f", "-",
+                     input="{not json", check=False)
+    assert raw.returncode == 1 and "not valid JSON" in raw.stderr
+    assert "No resources found" in cp.kubectl("get", "pods").stderr
+    assert cp.kubectl("get", "--raw", "/healthz").stdout == "ok"
+
+
+def test_get_watch_sees_a_change(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    apply(cp, POD)
+    watcher = cp.kubectl_bg("get", "pods", "-w", "-o", "custom-columns=NAME:.metadata.name,COLOR:.metadata.labels.color")
+    try:
+        time.sleep(1.5)
+        cp.kubectl("label", "pod", "web-1", "color=green")
+        deadline = time.monotonic() + 15
+        seen = ""
+        import os
+        os.set_blocking(watcher.stdout.fileno(), False)
+        while time.monotonic() < deadline and "green" not in seen:
+            seen += watcher.stdout.read() or ""
+            time.sleep(0.1)
+        assert "green" in seen, seen
+    finally:
+        watcher.kill()
+
+
+def test_nodes_cordon_uncordon_and_table(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    api = cp.client()
+    from kubernetes import client
+    core = client.CoreV1Api(api)
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "sim-1",
+                      "labels": {"node-role.kubernetes.io/worker": ""}},
+                      "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                                 "nodeInfo": {k: "" for k in (
+                                     "architecture", "bootID", "containerRuntimeVersion", "kernelVersion",
+                                     "kubeProxyVersion", "machineID", "operatingSystem", "osImage",
+                                     "systemUUID")} | {"kubeletVersion": "v1.32.4-kube32"}}})
+    out = cp.kubectl("get", "nodes").stdout.splitlines()
+    assert out[0].split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    assert out[1].split()[:3] == ["sim-1", "Ready", "worker"]
+    assert "cordoned" in cp.kubectl("cordon", "sim-1").stdout
+    assert "Ready,SchedulingDisabled" in cp.kubectl("get", "nodes").stdout
+    assert "uncordoned" in cp.kubectl("uncordon", "sim-1").stdout
+    node = json.loads(cp.kubectl("get", "node", "sim-1", "-o", "json").stdout)
+    assert "unschedulable" not in node["spec"]
+
+
+def test_checkpoints_table_and_status_rules(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    apply(cp, CHECKPOINT)
+    ck = json.loads(cp.kubectl("get", "ckpt", "ck1", "-o", "json").stdout)
+    assert ck["status"] == {"phase": "Pending"}, "status is kept out of creates"
+    out = cp.kubectl("get", "checkpoints").stdout.splitlines()
+    assert out[0].split() == ["NAME", "POD", "ACTION", "PHASE", "NODE", "SIZE", "AGE"]
+    assert out[1].split()[:4] == ["ck1", "web-1", "Move", "Pending"]
+    wide = cp.kubectl("get", "ckpt", "-o", "wide").stdout.splitlines()[0]
+    assert wide.split()[-4:] == ["TARGET", "NEW", "POD", "MESSAGE"]
+
+    from kubernetes import client
+    custom = client.CustomObjectsApi(cp.client())
+    custom.patch_namespaced_custom_object("kube32.io", "v1", "default", "checkpoints", "ck1",
+                                          {"status": {"phase": "Failed"}})
+    assert custom.get_namespaced_custom_object("kube32.io", "v1", "default", "checkpoints", "ck1")["status"]["phase"] == "Pending"
+    custom.patch_namespaced_custom_object_status("kube32.io", "v1", "default", "checkpoints", "ck1",
+                                                 {"status": {"phase": "Failed", "message": "no room"},
+                                                  "spec": {"podName": "other"}})
+    got = custom.get_namespaced_custom_object("kube32.io", "v1", "default", "checkpoints", "ck1")
+    assert got["status"]["phase"] == "Failed" and got["spec"]["podName"] == "web-1"
+    assert "no room" in cp.kubectl("get", "ckpt", "-o", "wide").stdout
+
+
+def test_python_client_lists_creates_watches_and_patches(control_plane: ControlPlane) -> None:
+    from kubernetes import client, watch
+    core = client.CoreV1Api(control_plane.client())
+    core.create_namespaced_config_map("default", {"metadata": {"name": "cfg"}, "data": {"a": "1"}})
+    names = [c.metadata.name for c in core.list_namespaced_config_map("default").items]
+    assert names == ["cfg"]
+    rv = core.list_namespaced_config_map("default").metadata.resource_version
+    core.patch_namespaced_config_map("cfg", "default", {"data": {"b": "2"}})
+    w = watch.Watch()
+    events = []
+    for ev in w.stream(core.list_namespaced_config_map, "default", resource_version=rv, timeout_seconds=5):
+        events.append((ev["type"], ev["object"].data))
+        w.stop()
+    assert events == [("MODIFIED", {"a": "1", "b": "2"})]
+    with pytest.raises(client.ApiException) as err:
+        core.create_namespaced_config_map("default", {"metadata": {"name": "cfg"}})
+    assert err.value.status == 409 and json.loads(err.value.body)["reason"] == "AlreadyExists"
+
+
+def test_objects_survive_a_restart(tmp_path) -> None:
+    cp = start_control_plane(tmp_path / "cp")
+    try:
+        apply(cp, POD)
+        uid = json.loads(cp.kubectl("get", "pod", "web-1", "-o", "json").stdout)["metadata"]["uid"]
+    finally:
+        assert cp.proc.stop() == 0
+    cp2 = start_control_plane(tmp_path / "cp")
+    try:
+        pod = json.loads(cp2.kubectl("get", "pod", "web-1", "-o", "json").stdout)
+        assert pod["metadata"]["uid"] == uid
+        cp2.kubectl("label", "pod", "web-1", "after=restart")
+        assert int(json.loads(cp2.kubectl("get", "pod", "web-1", "-o", "json").stdout)["metadata"]["resourceVersion"]) > int(pod["metadata"]["resourceVersion"])
+    finally:
+        cp2.proc.stop()
+
+
+def test_requests_without_a_token_are_refused(control_plane: ControlPlane) -> None:
+    import ssl
+    import urllib.request
+    import urllib.error
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{control_plane.server}/api/v1/pods", context=ctx)
+    assert err.value.code == 401
+    with urllib.request.urlopen(f"{control_plane.server}/version", context=ctx) as r:
+        assert json.load(r)["minor"] == "32"
