@@ -1,0 +1,161 @@
+"""K32S streaming against raw socket copies, over loopback TCP.
+
+Each run starts a fresh writer process and a fresh reader process (spawned,
+so each one's peak RSS is its own).  The writer holds a wasmtime linear
+memory of the chosen size, filled with a pattern; the reader receives into a
+fresh wasmtime memory (first writes page-fault, as in a real restore).
+
+- raw:  sendall(memory slices) -> recv_into(memory slices)
+- k32s: SnapshotWriter.write_to(socket) -> SnapshotReader.read_from(socket),
+        memory straight into the new instance's memory, trailer checked.
+
+Reports the median rate of each mode, the ratio k32s/raw (target >= 0.7), and
+each side's peak RSS beyond the memory itself (target <= 2 MiB): peak
+(ru_maxrss) minus the RSS before the memory existed minus the memory size.
+The rate is timed on the reader, from its "go" byte to the last byte checked.
+
+    python -m bench.bench_snapshot [--mib 64] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import multiprocessing as mp
+import resource
+import socket
+import statistics
+import time
+from typing import Any
+
+CHUNK = 1 << 20
+MiB = 1 << 20
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _wasm_memory(pages: int) -> tuple[Any, Any, memoryview]:
+    import wasmtime
+
+    store = wasmtime.Store()
+    memory = wasmtime.Memory(store, wasmtime.MemoryType(wasmtime.Limits(pages, None)))
+    n = memory.data_len(store)
+    array = (ctypes.c_ubyte * n).from_address(ctypes.addressof(memory.data_ptr(store).contents))
+    return store, memory, memoryview(array).cast("B")
+
+
+def _state(pages: int):
+    from kube32.snapshot import VALTYPE_I32, GlobalState, PodState
+
+    return PodState(bytes(range(32)), pages * 65536, pages, 1, 2, globals=(GlobalState(0, VALTYPE_I32, 65536),))
+
+
+def _writer(port: int, mode: str, pages: int, results: Any) -> None:
+    from kube32.snapshot import SnapshotWriter
+
+    warm = _wasm_memory(1)  # the engine's own first allocations are not the memory's
+    baseline = _rss_bytes()
+    _store, _memory, view = _wasm_memory(pages)
+    pattern = bytes(range(256)) * 256
+    for offset in range(0, len(view), len(pattern)):
+        view[offset: offset + len(pattern)] = pattern
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        assert sock.recv(1) == b"g"
+        if mode == "raw":
+            for offset in range(0, len(view), CHUNK):
+                sock.sendall(view[offset: offset + CHUNK])
+        else:
+            SnapshotWriter(_state(pages), view).write_to(sock)
+        sock.shutdown(socket.SHUT_WR)
+        sock.recv(1)  # the reader is done
+    results.put(("writer", _peak_rss_bytes() - baseline - len(view)))
+    del warm
+
+
+def _reader(listener: socket.socket, mode: str, pages: int, results: Any) -> None:
+    from kube32.snapshot import SnapshotReader
+
+    warm = _wasm_memory(1)  # the engine's own first allocations are not the memory's
+    baseline = _rss_bytes()
+    holder: list = []
+    conn, _ = listener.accept()
+    with conn:
+        start = time.perf_counter()
+        conn.sendall(b"g")
+        if mode == "raw":
+            holder.append(_wasm_memory(pages))
+            view = holder[0][2]
+            got = 0
+            while got < len(view):
+                n = conn.recv_into(view[got: got + CHUNK])
+                if not n:
+                    raise RuntimeError("the writer stopped early")
+                got += n
+        else:
+            def target(header):
+                holder.append(_wasm_memory(header.memory_pages))
+                return holder[0][2]
+
+            SnapshotReader(None, target).read_from(conn)
+        elapsed = time.perf_counter() - start
+        conn.sendall(b"d")
+    results.put(("reader", _peak_rss_bytes() - baseline - pages * 65536))
+    del warm
+    results.put(("seconds", elapsed))
+
+
+def one_run(mode: str, pages: int) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    reader = ctx.Process(target=_reader, args=(listener, mode, pages, results))
+    writer = ctx.Process(target=_writer, args=(port, mode, pages, results))
+    reader.start()
+    writer.start()
+    out = dict(results.get(timeout=120) for _ in range(3))
+    writer.join(30)
+    reader.join(30)
+    listener.close()
+    out["rate"] = pages * 65536 / out["seconds"]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_snapshot")
+    parser.add_argument("--mib", type=int, default=64, help="memory size in MiB (default 64)")
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args(argv)
+    pages = args.mib * 16
+
+    runs: dict[str, list[dict[str, float]]] = {"raw": [], "k32s": []}
+    for _ in range(args.runs):
+        for mode in runs:  # interleaved, so drifts in machine load hit both modes
+            runs[mode].append(one_run(mode, pages))
+
+    print(f"K32S streaming of {args.mib} MiB over loopback TCP, {args.runs} runs each (median):")
+    medians = {}
+    for mode, results in runs.items():
+        medians[mode] = statistics.median(r["rate"] for r in results)
+        writer_extra = max(r["writer"] for r in results) / MiB
+        reader_extra = max(r["reader"] for r in results) / MiB
+        print(
+            f"  {mode:5} {medians[mode] / 2**30:6.2f} GiB/s   peak beyond the memory: "
+            f"writer {writer_extra:5.2f} MiB, reader {reader_extra:5.2f} MiB"
+        )
+    ratio = medians["k32s"] / medians["raw"]
+    print(f"  ratio k32s/raw = {ratio:.2f} (target >= 0.70)")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
