@@ -519,3 +519,35 @@ def test_pieces_do_not_copy_memory():
     memory[0] = 0x99  # the pieces are views of the caller's buffer
     assert memory_pieces[0][0] == 0x99
     assert len(pieces[-1]) == TRAILER_SIZE and SECTION_MEMORY == 1
+
+
+def test_a_stream_that_breaks_reads_as_truncated():
+    class Breaking:
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        def _next(self, n: int) -> bytes:
+            if not self.data:
+                raise ConnectionResetError("connection reset by peer")
+            out, self.data = self.data[:n], self.data[n:]
+            return out
+
+        def read(self, n: int) -> bytes:
+            return self._next(n)
+
+    class AsyncBreaking(Breaking):
+        async def read(self, n: int) -> bytes:  # type: ignore[override]
+            return self._next(n)
+
+    target = bytearray(131072)
+    with pytest.raises(SnapshotError) as info:
+        SnapshotReader(None, lambda h: memoryview(target)).read_from(Breaking(GOLDEN_TABLES[:500]))
+    assert info.value.cause == "truncated" and info.value.memory_written
+    assert "connection reset" in str(info.value)
+
+    async def scenario():
+        return await SnapshotReader().read_async(AsyncBreaking(GOLDEN_TABLES[:500]))
+
+    with pytest.raises(SnapshotError) as info:
+        asyncio.run(scenario())
+    assert info.value.cause == "truncated"
