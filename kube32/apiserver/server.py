@@ -83,6 +83,7 @@ class APIServer:
         r.add_get("/openapi/v3/{path:.+}", self.openapi_doc)
         r.add_route("*", "/api/v1", self.group_version_root)
         r.add_route("*", "/api/v1/{tail:.*}", self.resource)
+        r.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self.token_review)
         r.add_get("/apis/{group}", self.api_group)
         r.add_route("*", "/apis/{group}/{version}", self.group_version_root)
         r.add_route("*", "/apis/{group}/{version}/{tail:.*}", self.resource)
@@ -161,6 +162,17 @@ class APIServer:
         if doc is None:
             raise errors.APIError(404, "NotFound", "the server could not find the requested resource")
         return json_response(doc)
+
+    async def token_review(self, request: web.Request) -> web.Response:
+        """TokenReview: kubelets check who calls their endpoints (webhook authentication)."""
+        body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot create tokenreviews")
+        token = ((body or {}).get("spec") or {}).get("token", "") if isinstance(body, dict) else ""
+        user = self.auth.authenticate(f"Bearer {token}") if token else None
+        status: dict[str, Any] = {"authenticated": user is not None}
+        if user is not None:
+            status["user"] = user.as_user_info()
+        return json_response({"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+                              "metadata": {}, "spec": {}, "status": status}, 201)
 
     # --- resource routing ---------------------------------------------------
     def _target(self, request: web.Request) -> Target:

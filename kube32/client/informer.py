@@ -1,0 +1,123 @@
+"""An informer: a local cache of one kind kept by list + watch.
+
+It lists, then watches from the list's resourceVersion; each event updates
+the cache and calls the handlers (which should only enqueue keys).  When the
+watch ends it resumes from the last resourceVersion seen; after a 410 or an
+error it lists again and reports the differences as events, so handlers see
+every change at least once (level-triggered code tolerates repeats).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from .kinds import Kind
+from .rest import ApiError, Client
+
+log = logging.getLogger("kube32.informer")
+Obj = dict[str, Any]
+Handler = Callable[[str, Obj, Obj | None], None]  # (type, obj, old)
+
+
+def key_of(obj: Obj) -> str:
+    md = obj.get("metadata") or {}
+    return f"{md['namespace']}/{md['name']}" if md.get("namespace") else md.get("name", "")
+
+
+class Informer:
+    def __init__(self, client: Client, kind: Kind, namespace: str | None = None, *,
+                 label_selector: str | None = None, field_selector: str | None = None) -> None:
+        self.client = client
+        self.kind = kind
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.cache: dict[str, Obj] = {}
+        self.handlers: list[Handler] = []
+        self.synced = asyncio.Event()
+        self._rv = ""
+        self._task: asyncio.Task | None = None
+
+    def add_handler(self, handler: Handler) -> None:
+        self.handlers.append(handler)
+
+    def get(self, key: str) -> Obj | None:
+        return self.cache.get(key)
+
+    def list(self) -> list[Obj]:
+        return list(self.cache.values())
+
+    def start(self) -> asyncio.Task:
+        self._task = asyncio.create_task(self._run(), name=f"informer-{self.kind.plural}")
+        return self._task
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def _emit(self, etype: str, obj: Obj, old: Obj | None) -> None:
+        for h in self.handlers:
+            try:
+                h(etype, obj, old)
+            except Exception:  # noqa: BLE001 - a handler bug must not stop the informer
+                log.exception("informer handler failed for %s", key_of(obj))
+
+    async def _relist(self) -> None:
+        items, rv = await self.client.list(self.kind, self.namespace, label_selector=self.label_selector,
+                                           field_selector=self.field_selector)
+        fresh = {key_of(o): o for o in items}
+        for key, old in list(self.cache.items()):
+            if key not in fresh:
+                del self.cache[key]
+                self._emit("DELETED", old, old)
+        for key, obj in fresh.items():
+            old = self.cache.get(key)
+            self.cache[key] = obj
+            if old is None:
+                self._emit("ADDED", obj, None)
+            elif old.get("metadata", {}).get("resourceVersion") != obj.get("metadata", {}).get("resourceVersion"):
+                self._emit("MODIFIED", obj, old)
+        self._rv = rv
+        self.synced.set()
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._relist()
+                    need_list = False
+                async for etype, obj in self.client.watch(
+                        self.kind, self.namespace, label_selector=self.label_selector,
+                        field_selector=self.field_selector, resource_version=self._rv,
+                        timeout_seconds=300):
+                    self._rv = obj.get("metadata", {}).get("resourceVersion", self._rv)
+                    key = key_of(obj)
+                    old = self.cache.get(key)
+                    if etype == "DELETED":
+                        self.cache.pop(key, None)
+                    elif etype in ("ADDED", "MODIFIED"):
+                        self.cache[key] = obj
+                    else:
+                        continue
+                    self._emit(etype, obj, old)
+                backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except ApiError as e:
+                need_list = True
+                if e.code != 410:
+                    log.debug("watch of %s failed: %s", self.kind.plural, e)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+            except Exception as e:  # noqa: BLE001 - keep the cache alive across any failure
+                log.warning("informer for %s: %s", self.kind.plural, e)
+                need_list = True
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)

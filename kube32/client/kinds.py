@@ -1,0 +1,56 @@
+"""Where each kind lives in the REST API (the client's view; no server imports)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+
+NAMESPACES = Kind("", "v1", "namespaces", "Namespace", False)
+NODES = Kind("", "v1", "nodes", "Node", False)
+PODS = Kind("", "v1", "pods", "Pod", True)
+SERVICES = Kind("", "v1", "services", "Service", True)
+ENDPOINTS = Kind("", "v1", "endpoints", "Endpoints", True)
+EVENTS = Kind("", "v1", "events", "Event", True)
+CONFIGMAPS = Kind("", "v1", "configmaps", "ConfigMap", True)
+SECRETS = Kind("", "v1", "secrets", "Secret", True)
+LEASES = Kind("coordination.k8s.io", "v1", "leases", "Lease", True)
+DEPLOYMENTS = Kind("apps", "v1", "deployments", "Deployment", True)
+REPLICASETS = Kind("apps", "v1", "replicasets", "ReplicaSet", True)
+DAEMONSETS = Kind("apps", "v1", "daemonsets", "DaemonSet", True)
+PDBS = Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
+ENDPOINTSLICES = Kind("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True)
+CHECKPOINTS = Kind("kube32.io", "v1", "checkpoints", "Checkpoint", True)
+
+ALL = (NAMESPACES, NODES, PODS, SERVICES, ENDPOINTS, EVENTS, CONFIGMAPS, SECRETS, LEASES,
+       DEPLOYMENTS, REPLICASETS, DAEMONSETS, PDBS, ENDPOINTSLICES, CHECKPOINTS)
+
+
+def by_api_kind(api_version: str, kind: str) -> Kind | None:
+    for k in ALL:
+        if k.api_version == api_version and k.kind == kind:
+            return k
+    return None
