@@ -19,6 +19,9 @@ from aiohttp import web
 from ..apiserver import pki
 from ..apiserver.auth import APISERVER, load_or_create_tokens, write_kubeconfigs
 from ..apiserver.server import APIServer
+from ..client import Client
+from ..controllers.base import ControllerOptions
+from ..controllers.manager import ControllerManager
 from ..store import SQLiteStore
 
 log = logging.getLogger("kube32.controlplane")
@@ -30,6 +33,7 @@ class ControlPlaneOptions:
     host: str = "127.0.0.1"
     port: int = 0
     insecure_http: bool = False  # plain HTTP: kubectl then sends no token, for debugging only
+    controllers: ControllerOptions = ControllerOptions()
 
 
 class ControlPlane:
@@ -40,6 +44,8 @@ class ControlPlane:
         self.store: SQLiteStore | None = None
         self.url = ""
         self.kubeconfig: Path | None = None
+        self.client: Client | None = None
+        self.controllers: ControllerManager | None = None
 
     async def start(self) -> None:
         self.opts.data_dir.mkdir(parents=True, exist_ok=True)
@@ -63,8 +69,18 @@ class ControlPlane:
         scheme = "http" if self.opts.insecure_http else "https"
         self.url = f"{scheme}://{self.opts.host}:{port}"
         self.kubeconfig = write_kubeconfigs(self.opts.data_dir, self.url, auth, ca_pem)
+        # The control loops use the API over loopback like any client, as the API
+        # server's own identity: every write passes the same validation and watch.
+        self.client = Client(self.url, auth.token_for(APISERVER), ca_pem=ca_pem,
+                             user_agent="kube32-controller-manager")
+        self.controllers = ControllerManager(self.client, self.opts.controllers)
+        await self.controllers.start()
 
     async def stop(self) -> None:
+        if self.controllers is not None:
+            await self.controllers.stop()
+        if self.client is not None:
+            await self.client.close()
         if self.store is not None:
             await self.store.close()  # ends open watches so the runner can finish
         if self.runner is not None:

@@ -1,0 +1,40 @@
+"""``kube32-cli``: the verbs kubectl lacks (move, checkpoint, image push, publish, snapshot inspect).
+
+It reads the kubeconfig as kubectl does (``--kubeconfig``, then ``KUBECONFIG``,
+then ``~/.kube/config``).  Each verb lives in its own module; this file only
+dispatches.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from .snapshot_inspect import inspect_main
+
+USAGE = """usage: kube32-cli COMMAND [ARGS]
+
+commands:
+  snapshot inspect FILE [-o json]   print a K32S snapshot's header and sections, check its trailer
+"""
+
+# (verb, sub-verb or "") -> handler(argv) -> exit code; later verbs register here.
+COMMANDS: dict[tuple[str, str], Callable[[list[str]], int]] = {
+    ("snapshot", "inspect"): inspect_main,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if len(argv) >= 2 and (argv[0], argv[1]) in COMMANDS:
+        return COMMANDS[(argv[0], argv[1])](argv[2:])
+    if (argv[0], "") in COMMANDS:
+        return COMMANDS[(argv[0], "")](argv[1:])
+    print(f"kube32-cli: unknown command {' '.join(argv[:2])!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
