@@ -19,7 +19,7 @@ pods:
 	$(MAKE) -C examples/pods
 
 demo: $(STAMP)
-	$(BIN)/python -m kube32.sim.demo
+	$(BIN)/python -m kube32.sim.demo $(ARGS)
 
 test: $(STAMP) pods
 	$(BIN)/python -m pytest -q -x --durations=15 $(PYTEST_ARGS)
