@@ -1,0 +1,173 @@
+"""Checkpoint data: the snapshot bytes of a Checkpoint, held in the control plane's memory.
+
+``PUT checkpoints/<name>/data`` takes a K32S snapshot (``application/octet-stream``
+with a Content-Length), checks magic, version and trailer as it arrives (422 when
+wrong, nothing stored), sets ``status.sizeBytes``, ``snapshotSha256``, ``imageSha256``
+and ``podTimeMs`` from it and answers the Checkpoint.  ``GET`` answers the bytes, or
+404 while the Checkpoint has none.
+
+Invariants:
+
+* Data lives outside the object store, in one space of ``capacity`` bytes (16 MiB in
+  the simulator, 256 KiB on the board); a restart loses it and keeps the objects.
+* Storing data that does not fit drops the oldest other data first; data larger
+  than the whole space is refused with 413 before a byte is read.
+* Data belongs to one Checkpoint uid: a Checkpoint deleted and created again
+  under the same name has none, and deleting a Checkpoint drops its data.
+* The space is never over-committed: an upload reserves its size before it reads,
+  so two concurrent uploads cannot together exceed the capacity.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..snapshot import SnapshotError, SnapshotReader
+from . import errors
+from .resources import Resource
+
+if TYPE_CHECKING:
+    from .server import APIServer, Target
+
+SIM_CAPACITY = 16 * 1024 * 1024
+BOARD_CAPACITY = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Stored:
+    data: bytearray
+    name: str
+
+
+class CheckpointDataSpace:
+    """The bytes of every Checkpoint's snapshot, oldest first, within ``capacity``."""
+
+    def __init__(self, capacity: int = SIM_CAPACITY) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, Stored] = OrderedDict()  # uid -> data, oldest first
+        self._reserved = 0
+
+    @property
+    def used(self) -> int:
+        return sum(len(s.data) for s in self._items.values()) + self._reserved
+
+    def reserve(self, uid: str, size: int) -> list[str]:
+        """Make room for ``size`` bytes; returns the names whose data was dropped."""
+        if size > self.capacity:
+            raise errors.too_large(f"the snapshot is {size} bytes, more than the {self.capacity} bytes "
+                                   "the control plane has for all checkpoint data")
+        dropped = []
+        self.drop(uid)
+        while self.used + size > self.capacity and self._items:
+            _, old = self._items.popitem(last=False)
+            dropped.append(old.name)
+        if self.used + size > self.capacity:
+            raise errors.too_many_requests("checkpoint data space is busy with other uploads; retry", 1)
+        self._reserved += size
+        return dropped
+
+    def release(self, size: int) -> None:
+        self._reserved -= size
+
+    def commit(self, uid: str, name: str, data: bytearray) -> None:
+        self._reserved -= len(data)
+        self._items[uid] = Stored(data, name)
+
+    def get(self, uid: str) -> bytearray | None:
+        s = self._items.get(uid)
+        return s.data if s else None
+
+    def drop(self, uid: str) -> None:
+        self._items.pop(uid, None)
+
+
+class CheckpointDataAPI:
+    """The ``data`` subresource handlers, plugged into the API server."""
+
+    def __init__(self, server: "APIServer", space: CheckpointDataSpace) -> None:
+        self.server = server
+        self.space = space
+        server.sub_handlers[("checkpoints", "data", "GET")] = self.get
+        server.sub_handlers[("checkpoints", "data", "PUT")] = self.put
+        server.registry.before_delete["checkpoints"] = self._on_delete
+
+    async def _on_delete(self, res: Resource, obj: dict[str, Any]) -> None:
+        self.space.drop(obj["metadata"]["uid"])
+
+    async def get(self, request: web.Request, t: "Target") -> web.StreamResponse:
+        assert t.name is not None
+        ck = await self.server.registry.get(t.res, t.namespace, t.name)
+        data = self.space.get(ck["metadata"]["uid"])
+        if data is None:
+            raise errors.APIError(404, "NotFound", f'checkpoint "{t.name}" has no data',
+                                  details={"name": t.name, "group": "kube32.io", "kind": "checkpoints"})
+        view = memoryview(data)
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp.content_length = len(view)
+        status = ck.get("status") or {}
+        for header, field in (("X-Kube32-Snapshot-Sha256", "snapshotSha256"),
+                              ("X-Kube32-Image-Sha256", "imageSha256"), ("X-Kube32-Pod-Time-Ms", "podTimeMs")):
+            if status.get(field) is not None:
+                resp.headers[header] = str(status[field])
+        await resp.prepare(request)
+        for off in range(0, len(view), 1 << 20):
+            await resp.write(view[off: off + (1 << 20)])
+        await resp.write_eof()
+        return resp
+
+    async def put(self, request: web.Request, t: "Target") -> web.Response:
+        assert t.name is not None
+        ctype = (request.headers.get("Content-Type") or "").split(";")[0].strip()
+        if ctype != "application/octet-stream":
+            raise errors.unsupported_media_type(ctype or "<none>")
+        size = request.content_length
+        if size is None:
+            raise errors.APIError(411, "LengthRequired", "checkpoint data needs a Content-Length")
+        ck = await self.server.registry.get(t.res, t.namespace, t.name)
+        uid = ck["metadata"]["uid"]
+        self.space.reserve(uid, size)
+        try:
+            data = await self._receive(request, size)
+        except BaseException:
+            self.space.release(size)
+            raise
+        snap = data[1]
+        facts = {"sizeBytes": size, "snapshotSha256": snap.sha256.hex(),
+                 "imageSha256": snap.header.image_sha256.hex(), "podTimeMs": snap.header.pod_time_ms}
+
+        def set_facts(obj: dict[str, Any]) -> dict[str, Any]:
+            if obj["metadata"]["uid"] != uid:
+                raise errors.conflict("checkpoints", t.name, "kube32.io", "the Checkpoint was replaced during the upload")
+            obj.setdefault("status", {}).update(facts)
+            return obj
+        try:
+            out = await self.server.registry.mutate(t.res, t.namespace, t.name, set_facts, subresource="status")
+        except BaseException:
+            self.space.release(size)
+            raise
+        self.space.commit(uid, t.name, data[0])
+        return web.json_response(out)
+
+    @staticmethod
+    async def _receive(request: web.Request, size: int) -> tuple[bytearray, Any]:
+        buf = bytearray(size)
+        view = memoryview(buf)
+        reader = SnapshotReader(total_size=size)
+        pos = 0
+        try:
+            async for chunk in request.content.iter_chunked(1 << 20):
+                n = len(chunk)
+                if pos + n > size:
+                    raise errors.bad_request("the body is longer than its Content-Length")
+                view[pos: pos + n] = chunk
+                reader.feed(chunk)
+                pos += n
+            if pos < size:
+                raise SnapshotError("the snapshot ends before its trailer (truncated)", "truncated")
+            snap = reader.finish()
+        except SnapshotError as e:
+            raise errors.APIError(422, "Invalid", f"the snapshot is not valid: {e}") from None
+        return buf, snap
