@@ -18,6 +18,7 @@ from aiohttp import web
 
 from ..apiserver import pki
 from ..apiserver.auth import APISERVER, load_or_create_tokens, write_kubeconfigs
+from ..apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataAPI, CheckpointDataSpace
 from ..apiserver.server import APIServer
 from ..client import Client
 from ..controllers.base import ControllerOptions
@@ -34,6 +35,7 @@ class ControlPlaneOptions:
     port: int = 0
     insecure_http: bool = False  # plain HTTP: kubectl then sends no token, for debugging only
     controllers: ControllerOptions = ControllerOptions()
+    checkpoint_space: int = SIM_CAPACITY  # bytes of memory for all checkpoint data
 
 
 class ControlPlane:
@@ -53,6 +55,7 @@ class ControlPlane:
         auth = load_or_create_tokens(self.opts.data_dir)
         self.server = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER))
         await self.server.ensure_defaults()
+        CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))
         self.runner = web.AppRunner(self.server.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         ssl_ctx, ca_pem = None, None
