@@ -352,6 +352,45 @@ class Registry:
         obj.setdefault("metadata", {})["name"] = name
         return await self.create(res, ns, obj, dry_run=dry_run)
 
+    # --- replace (kube32: pod moves) ------------------------------------------
+    async def replace(self, res: Resource, ns: str | None, name: str, obj: Obj, *,
+                      expected_uid: str, dry_run: bool = False) -> Obj:
+        """Replace an object by a new incarnation in one write: same name, a new uid and
+        creation time, status reset, written only if the current uid is ``expected_uid``.
+
+        A pod move uses it so that no moment exists with zero or two pods of that name:
+        owners count one pod at every step, and ``kubectl drain`` sees the uid change.
+        """
+        kv = await self.store.get(res.key(ns, name))
+        if kv is None:
+            raise errors.not_found(res.plural, name, res.group)
+        old = decode(kv)
+        if old["metadata"].get("uid") != expected_uid:
+            raise errors.conflict(res.plural, name, res.group,
+                                  f"Precondition failed: UID in precondition: {expected_uid}, "
+                                  f"UID in object meta: {old['metadata'].get('uid')}")
+        if old["metadata"].get("deletionTimestamp"):
+            raise errors.conflict(res.plural, name, res.group, "the object is being deleted")
+        new = copy.deepcopy(obj)
+        self._check_kind(res, new)
+        md = new.setdefault("metadata", {})
+        md.update({"name": name, "uid": str(uuid.uuid4()), "creationTimestamp": meta.rfc3339()})
+        if res.namespaced:
+            md["namespace"] = ns
+        for f in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "generateName",
+                  "managedFields"):
+            md.pop(f, None)
+        res.strategy.prepare_for_create(new)
+        md["generation"] = 1
+        self._validate(res, new, res.strategy.validate(new))
+        if dry_run:
+            return new
+        try:
+            out = await self.store.update(kv.key, encode(new), kv.mod_revision)
+        except Conflict:
+            raise errors.conflict(res.plural, name, res.group) from None
+        return decode(out)
+
     # --- delete -------------------------------------------------------------
     async def delete(self, res: Resource, ns: str | None, name: str, *,
                      options: Obj | None = None, dry_run: bool = False) -> tuple[Obj, bool]:
@@ -483,7 +522,11 @@ class Registry:
                 elif now:
                     yield "ADDED", obj
                 elif was:
-                    yield "DELETED", obj
+                    # As Kubernetes' watch cache: the previous content, at this event's
+                    # revision, so a kubelet sees the uid it ran go away.
+                    assert prev is not None
+                    prev["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+                    yield "DELETED", prev
         except Compacted as e:
             raise errors.gone(f"too old resource version: {start} ({e.compacted_revision})") from None
         finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..apiserver import pki
+from ..apiserver import pki, podreplacement
 from ..apiserver.auth import APISERVER, load_or_create_tokens, write_kubeconfigs
 from ..apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataAPI, CheckpointDataSpace
 from ..apiserver.server import APIServer
@@ -56,6 +56,7 @@ class ControlPlane:
         self.server = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER))
         await self.server.ensure_defaults()
         CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))
+        podreplacement.install(self.server)
         self.runner = web.AppRunner(self.server.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         ssl_ctx, ca_pem = None, None

@@ -236,3 +236,53 @@ def test_requests_without_a_token_are_refused(control_plane: ControlPlane) -> No
     assert err.value.code == 401
     with urllib.request.urlopen(f"{control_plane.server}/version", context=ctx) as r:
         assert json.load(r)["minor"] == "32"
+
+
+def test_pod_replacement_is_one_write_with_a_new_uid(control_plane: ControlPlane) -> None:
+    """What a move does: same name, new uid, new node, and watchers filtered by node see it move."""
+    cp = control_plane
+    apply(cp, POD.replace("spec:\n", "spec:\n  nodeName: sim-1\n"))
+    old = json.loads(cp.kubectl("get", "pod", "web-1", "-o", "json").stdout)
+    api = cp.client()
+    sim2 = []
+    import threading
+    from kubernetes import client, watch
+    core = client.CoreV1Api(api)
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+
+    def watch_node(node: str, out: list) -> None:
+        for ev in watch.Watch().stream(core.list_namespaced_pod, "default", field_selector=f"spec.nodeName={node}",
+                                       resource_version=rv, timeout_seconds=5):
+            out.append((ev["type"], ev["object"].metadata.uid))
+            if len(out) >= 1:
+                break
+    sim1: list = []
+    threads = [threading.Thread(target=watch_node, args=("sim-1", sim1)),
+               threading.Thread(target=watch_node, args=("sim-2", sim2))]
+    for t in threads:
+        t.start()
+    time.sleep(1)
+    new = dict(old)
+    new["spec"] = dict(old["spec"], nodeName="sim-2")
+    new["metadata"] = {**old["metadata"], "annotations": {"kube32.io/restore-from": "ck1"}}
+    out = replace(cp, old["metadata"]["uid"], new)
+    for t in threads:
+        t.join(10)
+    assert out["metadata"]["uid"] != old["metadata"]["uid"] and out["spec"]["nodeName"] == "sim-2"
+    assert out["status"]["phase"] == "Pending"
+    assert sim1 == [("DELETED", old["metadata"]["uid"])] and sim2 == [("ADDED", out["metadata"]["uid"])]
+    from kube32.client import ApiError
+    with pytest.raises(ApiError) as err:  # the old uid is gone: a second replace conflicts
+        replace(cp, old["metadata"]["uid"], new)
+    assert err.value.code == 409
+
+
+def replace(cp: ControlPlane, uid: str, pod: dict) -> dict:
+    import asyncio
+    from kube32.client import Client
+
+    async def call() -> dict:
+        async with Client.from_kubeconfig(cp.kubeconfig) as c:
+            return await c._json("POST", "/api/v1/namespaces/default/pods/web-1/replacement",
+                                 params={"uid": uid}, body=pod)
+    return asyncio.run(call())
