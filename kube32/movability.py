@@ -1,0 +1,99 @@
+"""What keeps a pod from moving, as the control plane sees it from the pod spec.
+
+The spec's table ("What keeps a pod from moving"), word for word.  Pure functions
+over plain pod dicts: the API server (evictions) and the controllers (moves,
+checkpoints) both ask here, so both refuse for the same reasons.  The node finds
+the rest (open files, a call that outlasts the freeze, entry points of images the
+control plane does not hold).
+
+Imports nothing else of Kube32.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+MIGRATION = "kube32.io/migration"
+RESTORE_FROM = "kube32.io/restore-from"
+POLICIES = ("OnDrain", "Never", "Auto")
+BLOCKING_CAPABILITIES = ("DISPLAY", "KEYBOARD", "SPEAKER", "SD", "CHIP_TEMP")
+ENTRY_POINTS = ("_start", "app_main", "main")
+I2C_GRANT = "kube32.io/i2c-device"
+
+
+def policy(pod: dict[str, Any]) -> str:
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(MIGRATION, "OnDrain")
+    return value if value in POLICIES else "OnDrain"
+
+
+def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = pod.get("spec") or {}
+    return list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
+
+
+def _hardware_resources(pod: dict[str, Any]) -> list[str]:
+    found: list[str] = []
+    for c in _containers(pod):
+        res = c.get("resources") or {}
+        for section in ("requests", "limits"):
+            for name in (res.get(section) or {}):
+                blocking = ((name.startswith("hardware.kube32.io/") and name != "hardware.kube32.io/ipc")
+                            or name.startswith("esp32.io/"))
+                if blocking and name not in found:
+                    found.append(name)
+    return found
+
+
+def _capabilities(pod: dict[str, Any]) -> list[str]:
+    found: list[str] = []
+    for c in _containers(pod):
+        added = (((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or [])
+        for cap in added:
+            name = str(cap).upper().removeprefix("CAP_")
+            if name in BLOCKING_CAPABILITIES and name not in found:
+                found.append(name)
+    return found
+
+
+def _has_i2c_grant(pod: dict[str, Any]) -> bool:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if any(k == I2C_GRANT or k.startswith(I2C_GRANT + "/") for k in annotations):
+        return True
+    return any(I2C_GRANT in ((c.get("resources") or {}).get(s) or {})
+               for c in _containers(pod) for s in ("requests", "limits"))
+
+
+def _node_storage_claims(pod: dict[str, Any]) -> list[str]:
+    claims: list[str] = []
+    for v in (pod.get("spec") or {}).get("volumes") or []:
+        if v.get("persistentVolumeClaim"):
+            claims.append(v["persistentVolumeClaim"].get("claimName") or v.get("name", ""))
+        elif v.get("kube32.io/sd") is not None or (v.get("csi") or {}).get("driver") == "kube32.io/sd":
+            claims.append(v.get("name", ""))
+    return claims
+
+
+def spec_blockers(pod: dict[str, Any], image_exports: Iterable[str] | None = None) -> list[str]:
+    """Every reason the control plane finds, in the spec's words and order.
+
+    ``image_exports``: the exports of the pod's embedded image when the control plane
+    holds it (None for ``wasm://`` images, whose exports only the node sees).
+    """
+    blockers = [f"grant {r}" for r in _hardware_resources(pod)]
+    blockers += [f"grant capability {c}" for c in _capabilities(pod)]
+    if _has_i2c_grant(pod):
+        blockers.append(f"grant {I2C_GRANT}")
+    blockers += [f"volume claim {c} on node storage" for c in _node_storage_claims(pod)]
+    if policy(pod) == "Never":
+        blockers.append(f"annotation {MIGRATION}: Never")
+    if image_exports is not None:
+        exports = set(image_exports)
+        entry = next((e for e in ENTRY_POINTS if e in exports), None)
+        if entry is not None:
+            blockers.append(f"entry point {entry} runs on its own thread")
+    return blockers
+
+
+def embedded_digest(image: str) -> str | None:
+    """The digest of an embedded image reference ``kube32.io/wasm-sha256:<hex>``."""
+    prefix = "kube32.io/wasm-sha256:"
+    return image[len(prefix):].lower() if image.startswith(prefix) else None
