@@ -28,8 +28,9 @@ from urllib.parse import quote
 from aiohttp import web
 
 from ..store import Store
-from . import bodies, discovery, errors, meta, tables
+from . import bodies, discovery, errors, eventbus, images, meta, tables
 from .auth import PUBLIC_PATHS, TokenAuthenticator, User
+from .eviction import EvictionHandler
 from .proxy import KubeletProxy, kubelet_base, ready_pods
 from .registry import PATCH_APPLY, PATCH_TYPES, Registry
 from .resources import Resource, by_plural, lookup
@@ -59,14 +60,16 @@ class APIServer:
     """The aiohttp application and what its handlers share."""
 
     def __init__(self, store: Store, auth: TokenAuthenticator, *, kubelet_token: str,
-                 kubelet_ssl: Any = None) -> None:
+                 kubelet_ssl: Any = None, images_dir: Any = None) -> None:
         self.store = store
+        self.images = images.ImageStore(images_dir)
+        self.events = eventbus.EventBus()
         self.registry = Registry(store)
         self.auth = auth
         self.kubelets = KubeletProxy(kubelet_token, kubelet_ssl)
         # Subresource handlers that later parts plug in: (plural, sub, method) -> handler.
         self.sub_handlers: dict[tuple[str, str, str], Callable[[web.Request, Target], Awaitable[web.StreamResponse]]] = {}
-        self.eviction_handler: Callable[[web.Request, Target, dict], Awaitable[web.StreamResponse]] | None = None
+        self.eviction_handler: Callable[[web.Request, Target, dict], Awaitable[web.StreamResponse]] | None = EvictionHandler(self.registry)
         self.app = self._build_app()
 
     # --- app ------------------------------------------------------------------
@@ -84,6 +87,8 @@ class APIServer:
         r.add_route("*", "/api/v1", self.group_version_root)
         r.add_route("*", "/api/v1/{tail:.*}", self.resource)
         r.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self.token_review)
+        images.add_routes(r, self.images)   # before the generic /apis/{group}/{version}/... routes
+        eventbus.add_routes(r, self.events)
         r.add_get("/apis/{group}", self.api_group)
         r.add_route("*", "/apis/{group}/{version}", self.group_version_root)
         r.add_route("*", "/apis/{group}/{version}/{tail:.*}", self.resource)

@@ -9,17 +9,23 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
+from .image import push_main
+from .publish import publish_main
 from .snapshot_inspect import inspect_main
 
 USAGE = """usage: kube32-cli COMMAND [ARGS]
 
 commands:
   snapshot inspect FILE [-o json]   print a K32S snapshot's header and sections, check its trailer
+  image push FILE [-o json]         upload a Wasm module; prints its kube32.io/wasm-sha256:<hex> image
+  publish TOPIC PAYLOAD [-n NS]     publish an event to the pods subscribed to TOPIC
 """
 
 # (verb, sub-verb or "") -> handler(argv) -> exit code; later verbs register here.
 COMMANDS: dict[tuple[str, str], Callable[[list[str]], int]] = {
     ("snapshot", "inspect"): inspect_main,
+    ("image", "push"): push_main,
+    ("publish", ""): publish_main,
 }
 
 

@@ -23,6 +23,7 @@ from ..apiserver.server import APIServer
 from ..client import Client
 from ..controllers.base import ControllerOptions
 from ..controllers.manager import ControllerManager
+from ..kubelet import Kubelet, KubeletOptions
 from ..store import SQLiteStore
 
 log = logging.getLogger("kube32.controlplane")
@@ -35,6 +36,7 @@ class ControlPlaneOptions:
     port: int = 0
     insecure_http: bool = False  # plain HTTP: kubectl then sends no token, for debugging only
     controllers: ControllerOptions = ControllerOptions()
+    kubelet: KubeletOptions | None = None  # the control plane's own node (None: no kubelet)
     checkpoint_space: int = SIM_CAPACITY  # bytes of memory for all checkpoint data
 
 
@@ -48,12 +50,15 @@ class ControlPlane:
         self.kubeconfig: Path | None = None
         self.client: Client | None = None
         self.controllers: ControllerManager | None = None
+        self.kubelet: Kubelet | None = None
+        self.node_client: Client | None = None
 
     async def start(self) -> None:
         self.opts.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = await SQLiteStore.open(self.opts.data_dir / "state.db")
         auth = load_or_create_tokens(self.opts.data_dir)
-        self.server = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER))
+        self.server = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER),
+                                 images_dir=self.opts.data_dir / "images")
         await self.server.ensure_defaults()
         CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))
         podreplacement.install(self.server)
@@ -79,8 +84,19 @@ class ControlPlane:
                              user_agent="kube32-controller-manager")
         self.controllers = ControllerManager(self.client, self.opts.controllers)
         await self.controllers.start()
+        if self.opts.kubelet is not None:
+            # The control plane's node joins like any worker: over the API, with the
+            # node bootstrap token.
+            self.node_client = Client(self.url, auth.token_for("system:bootstrap:kube32"), ca_pem=ca_pem,
+                                      user_agent=f"kubelet/{self.opts.kubelet.node_name}")
+            self.kubelet = Kubelet(self.node_client, self.opts.kubelet)
+            await self.kubelet.start()
 
     async def stop(self) -> None:
+        if self.kubelet is not None:
+            await self.kubelet.stop()
+        if self.node_client is not None:
+            await self.node_client.close()
         if self.controllers is not None:
             await self.controllers.stop()
         if self.client is not None:

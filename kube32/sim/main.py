@@ -4,10 +4,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import sys
 from pathlib import Path
 
+from ..controllers.base import ControllerOptions
 from .controlplane import ControlPlaneOptions, run_control_plane
+from .worker import add_node_flags, kubelet_options, run_worker
+
+
+def duration(text: str) -> float:
+    """A Go-style duration ("40s", "5m0s", "500ms", "1h") or plain seconds, as seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text)
+    try:
+        if not parts:
+            value = float(text)
+        elif "".join(n + u for n, u in parts) != text:
+            raise ValueError
+        else:
+            value = sum(float(n) * units[u] for n, u in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 40s, 5m0s, 500ms)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must not be negative")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,6 +41,32 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--host", default="127.0.0.1", help="address to listen on")
     cp.add_argument("--insecure-http", action="store_true",
                     help="serve plain HTTP instead of TLS (kubectl then sends no token: debugging only)")
+    cp.add_argument("--node-monitor-grace-period", type=duration, default=40.0, metavar="DURATION",
+                    help="a node whose Lease is not renewed this long turns Ready=Unknown (default 40s)")
+    cp.add_argument("--pod-eviction-timeout", type=duration, default=300.0, metavar="DURATION",
+                    help="how long pods stay on a not-ready/unreachable node without a toleration "
+                         "saying otherwise (default 300s)")
+    cp.add_argument("--node-monitor-period", type=duration, default=1.0, metavar="DURATION",
+                    help="how often node health is checked (default 1s)")
+    cp.add_argument("--node-name", default="devkit", help="the control plane's own node (default devkit)")
+    cp.add_argument("--no-kubelet", action="store_true", help="run no node on the control plane")
+    add_node_flags(cp, default_profile="devkit", port_flag="--kubelet-port")
+
+    w = sub.add_parser("worker", help="run one simulated board (a kubelet) that joins a cluster")
+    w.add_argument("--kubeconfig", type=Path, required=True,
+                   help="the control plane's node.kubeconfig (server address and bootstrap token)")
+    w.add_argument("--server", help="API server URL (default: the kubeconfig's)")
+    w.add_argument("--name", required=True, help="node name")
+    w.add_argument("--data-dir", type=Path, help="where the node caches images and compiled code")
+    add_node_flags(w, default_profile="laptop")
+
+    up = sub.add_parser("up", help="control plane plus N workers as child processes, in one command")
+    up.add_argument("--workers", type=int, default=2, help="number of workers sim-1 ... sim-N (default 2)")
+    up.add_argument("--data-dir", type=Path, required=True, help="the control plane's data directory")
+    up.add_argument("--port", type=int, default=6443, help="API server port (0 = any free port)")
+    up.add_argument("--interp-mops", help="interpreter speed every node reports instead of measuring it")
+    up.add_argument("--lease-interval", help="seconds between Lease renewals on every node")
+    up.add_argument("--backoff", help="first restart back-off in seconds on every node")
     return p
 
 
@@ -27,14 +74,35 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.command == "control-plane":
-        opts = ControlPlaneOptions(data_dir=args.data_dir, host=args.host, port=args.port,
-                                   insecure_http=args.insecure_http)
-        try:
+    try:
+        if args.command == "control-plane":
+            kubelet = None if args.no_kubelet else kubelet_options(
+                args, args.node_name, control_plane=True, data_dir=args.data_dir / "nodes" / args.node_name)
+            opts = ControlPlaneOptions(data_dir=args.data_dir, host=args.host, port=args.port,
+                                       insecure_http=args.insecure_http, kubelet=kubelet,
+                                       controllers=ControllerOptions(
+                                           node_monitor_grace_seconds=args.node_monitor_grace_period,
+                                           pod_eviction_timeout_seconds=args.pod_eviction_timeout,
+                                           node_monitor_period_seconds=args.node_monitor_period))
             return asyncio.run(run_control_plane(opts))
-        except OSError as e:
-            print(f"kube32-sim: cannot start the control plane: {e}", file=sys.stderr)
-            return 1
+        if args.command == "worker":
+            opts_w = kubelet_options(args, args.name, data_dir=args.data_dir)
+            return asyncio.run(run_worker(args.kubeconfig, args.server, opts_w))
+        if args.command == "up":
+            from .up import run_up
+            if args.workers < 0:
+                print("kube32-sim up: --workers must be 0 or more", file=sys.stderr)
+                return 2
+            node_args: list[str] = []
+            for flag in ("interp_mops", "lease_interval", "backoff"):
+                if getattr(args, flag) is not None:
+                    node_args += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+            return asyncio.run(run_up(args.data_dir, args.workers, args.port, node_args))
+    except OSError as e:
+        print(f"kube32-sim: cannot start {args.command}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
     return 2
 
 

@@ -1,0 +1,93 @@
+"""The topic event bus: events between pods, users and nodes, across nodes.
+
+Topics are namespace-scoped.  ``POST /apis/kube32.io/v1/namespaces/<ns>/topics/<topic>``
+(body = the payload, at most :data:`MAX_PAYLOAD` bytes; optional ``?source=`` names
+the publisher) fans the event out to every subscriber;
+``GET /apis/kube32.io/v1/topicevents?watch=true`` is a subscription: a stream of
+newline-delimited JSON ``{"namespace", "topic", "payload" (base64), "source"}``.
+
+Invariants:
+
+* No history: an event reaches the subscribers connected when it is published,
+  and nobody else (pods hold at most a few events themselves while frozen).
+* A slow subscriber never slows a publisher: each has a bounded queue, and events
+  that do not fit are dropped for that subscriber and counted.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+
+from aiohttp import web
+
+from . import errors
+
+MAX_PAYLOAD = 64 << 10
+QUEUE_LIMIT = 1024
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$")
+
+
+class EventBus:
+    def __init__(self) -> None:
+        self._subscribers: set[asyncio.Queue[bytes]] = set()
+        self.dropped = 0
+        self.published = 0
+
+    def publish(self, namespace: str, topic: str, payload: bytes, source: str = "") -> int:
+        line = json.dumps({"namespace": namespace, "topic": topic, "source": source,
+                           "payload": base64.b64encode(payload).decode()}).encode() + b"\n"
+        self.published += 1
+        reached = 0
+        for q in list(self._subscribers):
+            try:
+                q.put_nowait(line)
+                reached += 1
+            except asyncio.QueueFull:
+                self.dropped += 1
+        return reached
+
+    def subscribe(self) -> asyncio.Queue[bytes]:
+        q: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_LIMIT)
+        self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[bytes]) -> None:
+        self._subscribers.discard(q)
+
+
+def add_routes(router: web.UrlDispatcher, bus: EventBus) -> None:
+    """Register before the generic ``/apis/{group}/{version}/...`` route."""
+
+    async def publish(request: web.Request) -> web.Response:
+        ns, topic = request.match_info["ns"], request.match_info["topic"]
+        if not _NAME.match(topic):
+            raise errors.bad_request(f'invalid topic name "{topic}": letters, digits and ._:/- only')
+        payload = await request.content.read(MAX_PAYLOAD + 1)
+        if len(payload) > MAX_PAYLOAD:
+            raise errors.APIError(413, "RequestEntityTooLarge",
+                                  f"an event payload may be at most {MAX_PAYLOAD} bytes")
+        reached = bus.publish(ns, topic, payload, request.query.get("source", ""))
+        body = {"kind": "TopicEvent", "apiVersion": "kube32.io/v1", "namespace": ns, "topic": topic,
+                "size": len(payload), "subscribers": reached}
+        return web.Response(body=json.dumps(body).encode(), status=201, content_type="application/json")
+
+    async def subscribe(request: web.Request) -> web.StreamResponse:
+        q = bus.subscribe()
+        resp = web.StreamResponse(headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
+        resp.enable_chunked_encoding()
+        try:
+            await resp.prepare(request)
+            # A first line tells the subscriber it is connected (nothing published
+            # before it can reach it, so clients wait for this before relying on it).
+            await resp.write(b'{"type":"SUBSCRIBED"}\n')
+            while True:
+                await resp.write(await q.get())
+        except (ConnectionResetError, RuntimeError):
+            return resp
+        finally:
+            bus.unsubscribe(q)
+
+    router.add_post("/apis/kube32.io/v1/namespaces/{ns}/topics/{topic:.+}", publish)
+    router.add_get("/apis/kube32.io/v1/topicevents", subscribe)

@@ -1,0 +1,145 @@
+"""The control plane's module store: embedded images (``kube32.io/wasm-sha256:<hex>``).
+
+``POST /apis/kube32.io/v1/images`` takes a module's bytes (``application/wasm`` or
+``application/octet-stream``) and answers its reference, digest, size and exports;
+``GET /apis/kube32.io/v1/images/<sha256>`` gives the bytes back to kubelets.
+
+Invariants:
+
+* A stored module is named by the SHA-256 of its bytes
+  (``<data-dir>/images/<sha256>.wasm``), so a reference pins its content and a
+  second upload of the same bytes is the same image.  Files are written to a
+  temporary name and renamed: a reader never sees half a module.
+* Only WebAssembly modules are accepted; the exports are read here with a small
+  export-section parser (the API server does not import kube32.wasm: layering).
+  Whether the module follows the pod ABI is the kubelet's judgement.
+* Uploads over :data:`MAX_IMAGE_BYTES` are refused with 413 naming the limit.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from aiohttp import web
+
+from . import errors
+
+MAX_IMAGE_BYTES = 8 << 20
+REFERENCE_PREFIX = "kube32.io/wasm-sha256:"
+WASM_MAGIC = b"\0asm\x01\0\0\0"
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+_KINDS = {0: "func", 1: "table", 2: "memory", 3: "global", 4: "tag"}
+
+
+class ExportParseError(ValueError):
+    pass
+
+
+def _leb(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 35:
+            raise ExportParseError("truncated or overlong LEB128 number")
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return result, pos
+
+
+def module_exports(data: bytes) -> list[dict[str, str]]:
+    """The export section as ``[{"name", "kind"}]``; ExportParseError for non-modules."""
+    if not data.startswith(WASM_MAGIC):
+        raise ExportParseError("not a WebAssembly module (bad magic or version)")
+    pos = len(WASM_MAGIC)
+    exports: list[dict[str, str]] = []
+    while pos < len(data):
+        section_id = data[pos]
+        size, pos = _leb(data, pos + 1)
+        end = pos + size
+        if end > len(data):
+            raise ExportParseError(f"section {section_id} runs past the end of the module")
+        if section_id == 7:
+            count, p = _leb(data, pos)
+            for _ in range(count):
+                n, p = _leb(data, p)
+                if p + n > end:
+                    raise ExportParseError("export name runs past its section")
+                name = data[p:p + n].decode("utf-8", errors="replace")
+                p += n
+                if p >= end:
+                    raise ExportParseError("export entry is truncated")
+                kind = _KINDS.get(data[p], f"kind-{data[p]}")
+                _, p = _leb(data, p + 1)
+                exports.append({"name": name, "kind": kind})
+        pos = end
+    return exports
+
+
+class ImageStore:
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory or Path(tempfile.mkdtemp(prefix="kube32-images-"))
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def path(self, sha256: str) -> Path:
+        return self.directory / f"{sha256}.wasm"
+
+    def put(self, data: bytes) -> dict:
+        try:
+            exports = module_exports(data)
+        except ExportParseError as e:
+            raise errors.bad_request(f"the upload is not a usable WebAssembly module: {e}") from None
+        digest = hashlib.sha256(data).hexdigest()
+        target = self.path(digest)
+        if not target.exists():
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(target)
+        return {"kind": "Image", "apiVersion": "kube32.io/v1", "reference": REFERENCE_PREFIX + digest,
+                "sha256": digest, "size": len(data), "exports": exports}
+
+    def get(self, sha256: str) -> bytes:
+        if not _SHA.match(sha256):
+            raise errors.bad_request("an image is named by its 64 hex digit SHA-256")
+        try:
+            return self.path(sha256).read_bytes()
+        except FileNotFoundError:
+            raise errors.APIError(404, "NotFound", f'image "{REFERENCE_PREFIX}{sha256}" is not in the '
+                                  "module store (push it with kube32-cli image push)") from None
+
+
+def add_routes(router: web.UrlDispatcher, store: ImageStore) -> None:
+    """Register before the generic ``/apis/{group}/{version}/...`` route."""
+
+    async def upload(request: web.Request) -> web.Response:
+        if request.content_length is not None and request.content_length > MAX_IMAGE_BYTES:
+            return _too_large()
+        data = bytearray()
+        async for chunk in request.content.iter_chunked(1 << 16):
+            data += chunk
+            if len(data) > MAX_IMAGE_BYTES:
+                return _too_large()
+        return _json(store.put(bytes(data)), 201)
+
+    async def download(request: web.Request) -> web.Response:
+        data = store.get(request.match_info["sha"])
+        return web.Response(body=data, content_type="application/wasm")
+
+    router.add_post("/apis/kube32.io/v1/images", upload)
+    router.add_get("/apis/kube32.io/v1/images/{sha}", download)
+
+
+def _too_large() -> web.Response:
+    msg = f"the module is larger than the module store's limit of {MAX_IMAGE_BYTES} bytes"
+    return _json(errors.APIError(413, "RequestEntityTooLarge", msg).status(), 413,
+                         {"Connection": "close"})
+
+
+def _json(body: object, status: int, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=json.dumps(body).encode(), status=status,
+                        content_type="application/json", headers=headers)

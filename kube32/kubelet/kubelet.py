@@ -1,0 +1,318 @@
+"""The Kubelet: one node's agent.
+
+``Kubelet(client, options)``; ``await start()`` measures the interpreter (unless
+given), opens the endpoint, registers the Node, starts the Lease, the pod
+informer (``fieldSelector spec.nodeName=<node>``), the topic subscription and the
+status loop; ``await stop()`` stops every pod and marks the Node NotReady.
+
+Invariants:
+
+* Pods are keyed by UID.  :meth:`_reconcile` compares the informer's pods with
+  the running workers after every event: a UID that left the watch (deleted, or
+  bound elsewhere: the filtered watch sends DELETED) is stopped and its object is
+  never written again; a pod marked for deletion is stopped, then deleted with
+  grace 0 and a UID precondition, so a replacement of the same name is never
+  deleted.
+* The kubelet is the pods' HostServices: logs go to the worker's ring buffer,
+  publishes go to the API server's topic bus (so pods on every node hear them), and
+  one ChannelRegistry serves the node's pods.
+* Free heap = heap - drivers' share - the linear memories of the node's pods.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
+from ..wasm import ChannelRegistry, Pod, Runtime
+from . import node as nodeinfo
+from .images import ImagePuller
+from .pods import PodWorker
+from .server import build_app
+
+log = logging.getLogger("kube32.kubelet")
+
+
+@dataclass(frozen=True)
+class KubeletOptions:
+    node_name: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    profile: str = "laptop"
+    heap_bytes: int = 512 << 20
+    driver_bytes: int = 0                # the heap drivers hold (display, SD, ...)
+    devices: tuple[str, ...] = ()
+    max_pods: int = 110
+    interp_mops: float | None = None     # None: measure at boot
+    control_plane: bool = False
+    lease_interval: float = 10.0
+    lease_duration: int = 40
+    status_interval: float = 10.0
+    backoff_base: float = 10.0
+    backoff_max: float = 300.0
+    call_timeout_ms: int = 10000
+    log_lines: int = 1000
+    data_dir: Path | None = None         # image and compiled-code caches
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+
+class Kubelet:
+    def __init__(self, client: Client, options: KubeletOptions) -> None:
+        self.client = client
+        self.options = options
+        self.ip = options.host if options.host not in ("0.0.0.0", "") else "127.0.0.1"
+        cache = options.data_dir
+        self.runtime = Runtime(cache / "compiled" if cache else None)
+        self.images = ImagePuller(client, cache / "images" if cache else None)
+        self.events = EventRecorder(client, "kubelet", options.node_name)
+        self.channels = ChannelRegistry()
+        self.workers: dict[str, PodWorker] = {}        # uid -> worker
+        self.instances: dict[int, PodWorker] = {}      # id(Pod) -> worker (HostServices lookups)
+        self.informer = Informer(client, PODS, field_selector=f"spec.nodeName={options.node_name}")
+        self.port = 0
+        self.interp_mops = 0.0
+        self.facts: nodeinfo.NodeFacts | None = None
+        self.node_uid: str | None = None
+        self._stopping: set[str] = set()
+        self._tasks: list[asyncio.Task] = []
+        self._runner: web.AppRunner | None = None
+        self._node_dirty = asyncio.Event()
+        self._last_free: int | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.subscribed = asyncio.Event()
+
+    # --- start and stop -----------------------------------------------------------
+    async def start(self) -> None:
+        o = self.options
+        self.loop = asyncio.get_running_loop()
+        self.interp_mops = o.interp_mops if o.interp_mops is not None else await asyncio.to_thread(self.runtime.measure_mops)
+        self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, o.host, o.port, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.facts = nodeinfo.NodeFacts(o.node_name, self.ip, self.port, o.profile, o.heap_bytes,
+                                        o.driver_bytes, tuple(o.devices), o.max_pods, o.control_plane,
+                                        self.interp_mops, str(uuid.uuid4()))
+        await self._register()
+        self.informer.add_handler(lambda *_: self._reconcile())
+        self._tasks += [self.informer.start(),
+                        asyncio.create_task(self._lease_loop(), name="kubelet-lease"),
+                        asyncio.create_task(self._status_loop(), name="kubelet-status"),
+                        asyncio.create_task(self._topic_loop(), name="kubelet-topics")]
+        log.info("kubelet %s serving on %s:%d (interp-mops %.2f)", o.node_name, self.ip, self.port, self.interp_mops)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.informer.stop()
+        await asyncio.gather(*(w.stop() for w in list(self.workers.values())), return_exceptions=True)
+        self.workers.clear()
+        try:
+            assert self.facts is not None
+            await self.client.patch(NODES, self.options.node_name,
+                                    {"status": nodeinfo.node_status(self.facts, self.free_heap(), ready=False)},
+                                    subresource="status")
+        except (ApiError, AssertionError) as e:
+            log.debug("cannot mark the node NotReady: %s", e)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.images.close()
+        self.runtime.close()
+
+    # --- the Node and its Lease -----------------------------------------------------
+    def free_heap(self) -> int:
+        used = sum(w.instance.memory_bytes for w in self.workers.values() if w.instance is not None)
+        return max(0, self.options.heap_bytes - self.options.driver_bytes - used)
+
+    def node_changed(self) -> None:
+        self._node_dirty.set()
+
+    async def _register(self) -> None:
+        assert self.facts is not None
+        obj = nodeinfo.node_object(self.facts, self.free_heap())
+        obj["metadata"]["labels"].update(self.options.extra_labels)
+        try:
+            out = await self.client.create(NODES, obj)
+        except ApiError as e:
+            if e.code != 409:
+                raise
+            md = obj["metadata"]
+            out = await self.client.patch(NODES, self.options.node_name,
+                                          {"metadata": {"labels": md["labels"], "annotations": md["annotations"]}})
+            out = await self.client.patch(NODES, self.options.node_name, {"status": obj["status"]},
+                                          subresource="status")
+        self.node_uid = out["metadata"].get("uid")
+
+    async def _write_node_status(self) -> None:
+        assert self.facts is not None
+        free = self.free_heap()
+        if free != self._last_free:
+            await self.client.patch(NODES, self.options.node_name, {"metadata": {"annotations": {
+                "kube32.io/free-heap": str(free)}}})
+            self._last_free = free
+        await self.client.patch(NODES, self.options.node_name,
+                                {"status": nodeinfo.node_status(self.facts, free)}, subresource="status")
+
+    async def _status_loop(self) -> None:
+        while True:
+            try:
+                await self._write_node_status()
+            except ApiError as e:
+                log.warning("cannot report node status: %s", e)
+            self._node_dirty.clear()
+            try:
+                await asyncio.wait_for(self._node_dirty.wait(), self.options.status_interval)
+                await asyncio.sleep(0.2)   # coalesce a burst of changes into one write
+            except TimeoutError:
+                pass
+
+    async def _lease_loop(self) -> None:
+        name = self.options.node_name
+        while True:
+            try:
+                lease = nodeinfo.lease_object(name, self.options.lease_duration, self.node_uid)
+                current = await self.client.try_get(LEASES, name, "kube-node-lease")
+                if current is None:
+                    await self.client.create(LEASES, lease, "kube-node-lease")
+                else:
+                    await self.client.patch(LEASES, name, {"spec": lease["spec"]}, "kube-node-lease")
+            except ApiError as e:
+                log.warning("cannot renew the node lease: %s", e)
+            await asyncio.sleep(self.options.lease_interval)
+
+    # --- pods -----------------------------------------------------------------------
+    def worker_by_name(self, ns: str, name: str) -> PodWorker | None:
+        found = [w for w in self.workers.values() if w.namespace == ns and w.name == name]
+        live = [w for w in found if not w.terminating]
+        return (live or found or [None])[0]
+
+    def _reconcile(self) -> None:
+        desired = {p["metadata"]["uid"]: p for p in self.informer.list()}
+        for uid, worker in list(self.workers.items()):
+            if uid not in desired and uid not in self._stopping:
+                self._stopping.add(uid)
+                asyncio.create_task(self._stop_worker(worker, delete=False))
+        for uid, pod in desired.items():
+            worker = self.workers.get(uid)
+            if pod["metadata"].get("deletionTimestamp"):
+                if uid not in self._stopping:
+                    self._stopping.add(uid)
+                    asyncio.create_task(self._terminate(pod, worker))
+            elif worker is not None:
+                worker.update(pod)
+            elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and uid not in self._stopping:
+                self.workers[uid] = PodWorker(self, pod)
+
+    async def _stop_worker(self, worker: PodWorker, delete: bool) -> None:
+        worker.terminating = True
+        try:
+            await worker.stop()
+        finally:
+            self.workers.pop(worker.uid, None)
+            self._stopping.discard(worker.uid)
+            self.node_changed()
+
+    async def _terminate(self, pod: dict[str, Any], worker: PodWorker | None) -> None:
+        md = pod["metadata"]
+        if worker is not None:
+            worker.terminating = True
+            await worker.stop()
+            self.workers.pop(worker.uid, None)
+            self.node_changed()
+        try:
+            await self.client.delete(PODS, md["name"], md["namespace"], grace_period=0, uid=md["uid"])
+        except ApiError as e:
+            if e.code not in (404, 409):
+                log.warning("cannot delete pod %s/%s: %s", md["namespace"], md["name"], e)
+        finally:
+            self._stopping.discard(md["uid"])
+
+    def pod_frozen_changed(self, uid: str) -> None:
+        """Hook for freeze/thaw: the pod's Ready condition is written at once."""
+        worker = self.workers.get(uid)
+        if worker is not None:
+            worker.changed()
+
+    # --- HostServices (called on pod threads) -------------------------------------------
+    def log(self, pod: Pod, line: str) -> None:
+        worker = self.instances.get(id(pod))
+        if worker is not None:
+            worker.logs.append(line)
+
+    def publish(self, pod: Pod, topic: str, payload: bytes) -> None:
+        worker = self.instances.get(id(pod))
+        source = f"pod/{worker.uid}" if worker is not None else ""
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(
+            lambda: asyncio.ensure_future(self.publish_async(pod.config.namespace, topic, payload, source)))
+
+    # --- topics ------------------------------------------------------------------------
+    async def publish_async(self, ns: str, topic: str, payload: bytes, source: str = "") -> None:
+        try:
+            async with self.client.request("POST", f"/apis/kube32.io/v1/namespaces/{ns}/topics/{topic}",
+                                           params={"source": source}, data=payload,
+                                           headers={"Content-Type": "application/octet-stream"}) as r:
+                if r.status >= 300:
+                    log.warning("publish to %s/%s refused: %s", ns, topic, (await r.text())[:200])
+        except Exception as e:  # noqa: BLE001 - events are best effort
+            log.warning("cannot publish to %s/%s: %s", ns, topic, e)
+
+    def deliver(self, ns: str, topic: str, payload: bytes, source: str) -> int:
+        n = 0
+        for worker in list(self.workers.values()):
+            inst = worker.instance
+            if (inst is None or worker.namespace != ns or topic not in inst.config.topics
+                    or source == f"pod/{worker.uid}"):
+                continue
+            inst.deliver_event(topic, payload)
+            n += 1
+        return n
+
+    async def _topic_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                async with self.client.request("GET", "/apis/kube32.io/v1/topicevents",
+                                               params={"watch": "true"}) as r:
+                    if r.status != 200:
+                        raise ApiError.from_body(r.status, await r.text())
+                    buf = b""
+                    async for chunk in r.content.iter_any():
+                        buf += chunk
+                        while b"\n" in buf:
+                            line, buf = buf.split(b"\n", 1)
+                            self._on_topic_line(line)
+                            backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - reconnect after any failure
+                log.debug("topic subscription: %s", e)
+            self.subscribed.clear()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _on_topic_line(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            return
+        if ev.get("type") == "SUBSCRIBED":
+            self.subscribed.set()
+            return
+        try:
+            payload = base64.b64decode(ev.get("payload", ""))
+        except ValueError:
+            return
+        self.deliver(ev.get("namespace", ""), ev.get("topic", ""), payload, ev.get("source", ""))

@@ -1,0 +1,110 @@
+"""The Node object and the Lease a kubelet keeps: what the cluster knows about this node.
+
+* Labels: ``kubernetes.io/hostname``, ``kubernetes.io/os`` (``kube32``),
+  ``kubernetes.io/arch`` (``wasm32``), ``kube32.io/profile`` and, on the control
+  plane's node, ``node-role.kubernetes.io/control-plane``.
+* Status: addresses (InternalIP, Hostname), the kubelet endpoint port, capacity and
+  allocatable (memory = heap; pods; ``hardware.kube32.io/<device>: 1`` per device),
+  nodeInfo with every field filled (the kubernetes Python client refuses a
+  nodeInfo with missing fields), conditions Ready, MemoryPressure (True when the
+  free heap is below :data:`MEMORY_PRESSURE_BYTES`), DiskPressure, PIDPressure.
+* Annotations: ``kube32.io/free-heap`` (bytes) and ``kube32.io/interp-mops``.
+* The Lease ``kube-node-lease/<node>`` is this node's heartbeat.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+MEMORY_PRESSURE_BYTES = 24 << 10
+KUBELET_VERSION = "v1.32.4-kube32"
+RUNTIME_VERSION = "wasmtime://50.0.1"
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def micro_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str
+    ip: str
+    port: int
+    profile: str
+    heap_bytes: int
+    driver_bytes: int
+    devices: tuple[str, ...]
+    max_pods: int
+    control_plane: bool
+    interp_mops: float
+    boot_id: str
+
+
+def node_labels(f: NodeFacts) -> dict[str, str]:
+    labels = {"kubernetes.io/hostname": f.name, "kubernetes.io/os": "kube32",
+              "kubernetes.io/arch": "wasm32", "beta.kubernetes.io/os": "kube32",
+              "beta.kubernetes.io/arch": "wasm32", "kube32.io/profile": f.profile}
+    if f.control_plane:
+        labels["node-role.kubernetes.io/control-plane"] = ""
+    return labels
+
+
+def node_annotations(f: NodeFacts, free_heap: int) -> dict[str, str]:
+    return {"kube32.io/free-heap": str(free_heap), "kube32.io/interp-mops": f"{f.interp_mops:.2f}",
+            "kube32.io/kubelet-scheme": "http"}
+
+
+def _resources(f: NodeFacts) -> dict[str, str]:
+    res = {"memory": str(f.heap_bytes), "pods": str(f.max_pods), "cpu": "1"}
+    res.update({f"hardware.kube32.io/{d}": "1" for d in f.devices})
+    return res
+
+
+def node_status(f: NodeFacts, free_heap: int, ready: bool = True) -> dict[str, Any]:
+    t = now()
+    pressure = free_heap < MEMORY_PRESSURE_BYTES
+
+    def cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, str]:
+        return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message,
+                "lastHeartbeatTime": t, "lastTransitionTime": t}
+    return {
+        "addresses": [{"type": "InternalIP", "address": f.ip}, {"type": "Hostname", "address": f.name}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": f.port}},
+        "capacity": _resources(f), "allocatable": _resources(f),
+        "nodeInfo": {"architecture": "wasm32", "bootID": f.boot_id,
+                     "containerRuntimeVersion": RUNTIME_VERSION,
+                     "kernelVersion": f"kube32-{platform.release()}", "kubeProxyVersion": KUBELET_VERSION,
+                     "kubeletVersion": KUBELET_VERSION,
+                     "machineID": uuid.uuid5(uuid.NAMESPACE_DNS, f"machine.{f.name}").hex,
+                     "operatingSystem": "kube32", "osImage": f"Kube32 sim ({f.profile})",
+                     "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"system.{f.name}"))},
+        "conditions": [
+            cond("MemoryPressure", pressure, "KubeletHasInsufficientMemory" if pressure else "KubeletHasSufficientMemory",
+                 f"free heap {free_heap} bytes" + (f" is below {MEMORY_PRESSURE_BYTES}" if pressure else "")),
+            cond("DiskPressure", False, "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            cond("PIDPressure", False, "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            cond("Ready", ready, "KubeletReady" if ready else "KubeletNotReady",
+                 "kubelet is posting ready status" if ready else "kubelet is stopping"),
+        ],
+    }
+
+
+def node_object(f: NodeFacts, free_heap: int) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": f.name, "labels": node_labels(f), "annotations": node_annotations(f, free_heap)},
+            "spec": {}, "status": node_status(f, free_heap)}
+
+
+def lease_object(name: str, duration: int, node_uid: str | None) -> dict[str, Any]:
+    md: dict[str, Any] = {"name": name, "namespace": "kube-node-lease"}
+    if node_uid:
+        md["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}]
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": md,
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": duration, "renewTime": micro_now()}}

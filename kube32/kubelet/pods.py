@@ -1,0 +1,275 @@
+"""One pod on this node, from bound to gone: pull, start, restart with back-off, status.
+
+A :class:`PodWorker` is keyed by the pod's UID (never its name: a pod may be
+replaced in one write by one of the same name and a new UID on another node, and
+this node must then stop the old UID and never touch the new object).  Its task
+runs the container's life:
+
+1. pull the image and load it with the digest the pod names
+   (failure: waiting ``ErrImagePull``, then ``ImagePullBackOff``, retried with back-off);
+2. build the PodConfig (failure: waiting ``CreateContainerConfigError``, retried);
+3. start it (a module that is no pod or whose ``k32_init`` traps: terminated
+   ``Error`` with the message, then per ``restartPolicy`` waiting
+   ``CrashLoopBackOff`` and a back-off restart, or phase ``Failed``);
+4. run until the pod exits by itself (a command pod returned: ``Completed``; a trap:
+   ``Error``), then restart per ``restartPolicy`` or end in ``Succeeded``/``Failed``.
+
+Status is written as Kubernetes' kubelet writes it, through ``pods/<name>/status``
+with a JSON patch whose first operation tests ``metadata.uid``: a status write can
+never land on a replacement pod of the same name.  Writes happen on every state
+change (and are skipped when nothing changed).
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..client import PODS, ApiError
+from ..wasm import ImageError, Pod, PodError
+from .images import PullError, expected_digest
+from .logs import LogBuffer
+from .podspec import ConfigError, pod_config
+
+if TYPE_CHECKING:
+    from .kubelet import Kubelet
+
+log = logging.getLogger("kube32.kubelet.pods")
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PodWorker:
+    def __init__(self, kubelet: "Kubelet", pod: dict[str, Any]) -> None:
+        self.kl = kubelet
+        self.pod = pod
+        md = pod["metadata"]
+        self.uid: str = md["uid"]
+        self.namespace: str = md["namespace"]
+        self.name: str = md["name"]
+        self.container: str = (pod["spec"].get("containers") or [{}])[0].get("name", "main")
+        self.image: str = (pod["spec"].get("containers") or [{}])[0].get("image", "")
+        self.logs = LogBuffer(asyncio.get_running_loop(), kubelet.options.log_lines)
+        self.instance: Pod | None = None
+        self.restart_count = 0
+        self.state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
+        self.last_state: dict[str, Any] = {}
+        self.image_id = ""
+        self.phase = "Pending"
+        self.start_time = now()
+        self.started = False
+        self.terminating = False
+        self._transitions: dict[str, tuple[str, str]] = {}
+        self._written: Any = None
+        self._dirty = asyncio.Event()
+        self._exit: asyncio.Future | None = None
+        self._pull_failures = 0
+        self._task = asyncio.create_task(self._run(), name=f"pod {self.namespace}/{self.name}")
+        self._status_task = asyncio.create_task(self._status_loop(), name=f"status {self.namespace}/{self.name}")
+        self.changed()
+
+    # --- lifecycle ---------------------------------------------------------------
+    @property
+    def policy(self) -> str:
+        return (self.pod.get("spec") or {}).get("restartPolicy", "Always")
+
+    @property
+    def ready(self) -> bool:
+        inst = self.instance
+        return ("running" in self.state and inst is not None and not inst.frozen
+                and inst.state in ("running", "starting"))
+
+    def update(self, pod: dict[str, Any]) -> None:
+        self.pod = pod
+
+    def changed(self) -> None:
+        """Something the status shows changed: write it soon (and tell the node)."""
+        self._dirty.set()
+        self.kl.node_changed()
+
+    async def _run(self) -> None:
+        backoff = self.kl.options.backoff_base
+        try:
+            while True:
+                outcome = await self._attempt()
+                if outcome == "done":
+                    return
+                delay = backoff
+                backoff = min(backoff * 2, self.kl.options.backoff_max)
+                if outcome == "crash":
+                    self.state = {"waiting": {"reason": "CrashLoopBackOff", "message":
+                                  f"back-off {delay:g}s restarting failed container={self.container} "
+                                  f"pod={self.name}_{self.namespace}({self.uid})"}}
+                    self.changed()
+                await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a kubelet bug must show on the pod, not kill the node
+            log.exception("pod %s/%s", self.namespace, self.name)
+            self._terminated(1, "Error", f"kubelet error: {type(e).__name__}: {e}")
+            self.phase = "Failed"
+            self.changed()
+
+    async def _attempt(self) -> str:
+        """One try at running the container: "done", "retry" (pull/config) or "crash"."""
+        ann = self.pod["metadata"].get("annotations") or {}
+        try:
+            data = await self.kl.images.pull(self.image, ann)
+            module = await asyncio.to_thread(self.kl.runtime.load, data, expected_digest(self.image, ann))
+        except (PullError, ImageError) as e:
+            if isinstance(e, ImageError) and "digest mismatch" not in str(e):
+                return self._crashed(f"image {self.image} is no pod: {e}")
+            self._pull_failures += 1
+            reason = "ErrImagePull" if self._pull_failures == 1 else "ImagePullBackOff"
+            self.state = {"waiting": {"reason": reason, "message": str(e)}}
+            self.changed()
+            await self.kl.events.record(self.pod, "Warning", "Failed", f"Failed to pull image \"{self.image}\": {e}")
+            return "retry"
+        self._pull_failures = 0
+        self.image_id = f"kube32.io/wasm-sha256:{module.sha256}"
+        try:
+            config = await pod_config(self.kl.client, self.pod, self.kl.ip, self.kl.options.call_timeout_ms)
+        except ConfigError as e:
+            self.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
+            self.changed()
+            await self.kl.events.record(self.pod, "Warning", "Failed", f"Error: {e}")
+            return "retry"
+        loop = asyncio.get_running_loop()
+        self._exit = loop.create_future()
+        exit_future = self._exit
+
+        def on_exit(code: int, reason: str, message: str) -> None:   # on the pod's thread
+            loop.call_soon_threadsafe(lambda: exit_future.done() or exit_future.set_result((code, reason, message)))
+
+        try:
+            instance = Pod(self.kl.runtime, module, config, self.kl)
+        except PodError as e:
+            return self._crashed(str(e))
+        instance.on_exit = on_exit
+        self.instance = instance
+        self.kl.instances[id(instance)] = self
+        started_at = now()
+        self.phase = "Running"
+        try:
+            await asyncio.to_thread(instance.start)
+        except PodError as e:
+            self._forget_instance()
+            return self._crashed(str(e), started_at)
+        self.started = True
+        self.state = {"running": {"startedAt": started_at}}
+        self.changed()
+        await self.kl.events.record(self.pod, "Normal", "Started", f"Started container {self.container}")
+        code, reason, message = await exit_future
+        self._forget_instance()
+        self.started = False
+        self._terminated(code, reason, message, started_at)
+        restart = self.policy == "Always" or (self.policy == "OnFailure" and code != 0)
+        if not restart:
+            self.phase = "Succeeded" if code == 0 else "Failed"
+            self.changed()
+            return "done"
+        self.restart_count += 1
+        self.last_state, self.state = self.state, {}
+        return "crash"
+
+    def _crashed(self, message: str, started_at: str | None = None) -> str:
+        self._terminated(1, "Error", message, started_at)
+        asyncio.get_running_loop().create_task(self.kl.events.record(self.pod, "Warning", "BackOff", message))
+        if self.policy == "Never":
+            self.phase = "Failed"
+            self.changed()
+            return "done"
+        self.restart_count += 1
+        self.last_state, self.state = self.state, {}
+        self.phase = "Running"
+        return "crash"
+
+    def _terminated(self, code: int, reason: str, message: str, started_at: str | None = None) -> None:
+        self.state = {"terminated": {"exitCode": code, "reason": reason, "message": message,
+                                     "startedAt": started_at or now(), "finishedAt": now(),
+                                     "containerID": self._container_id()}}
+        self.changed()
+
+    def _forget_instance(self) -> None:
+        inst = self.instance
+        if inst is not None:
+            self.kl.instances.pop(id(inst), None)
+            inst.stop()   # already ended by itself: returns at once
+        self.instance = None
+
+    def _container_id(self) -> str:
+        return f"wasm://{self.uid}/{self.container}/{self.restart_count}"
+
+    async def stop(self) -> None:
+        """Stop the container (and this worker's tasks); the API object is not touched."""
+        self._task.cancel()
+        try:
+            await self._task
+        except (asyncio.CancelledError, Exception):
+            pass
+        inst, self.instance = self.instance, None
+        if inst is not None:
+            self.kl.instances.pop(id(inst), None)
+            await asyncio.to_thread(inst.stop)
+        self._status_task.cancel()
+        try:
+            await self._status_task
+        except (asyncio.CancelledError, Exception):
+            pass
+        self.logs.close()
+
+    # --- status ------------------------------------------------------------------
+    def _condition(self, type_: str, ok: bool, reason: str = "") -> dict[str, Any]:
+        status = "True" if ok else "False"
+        prev = self._transitions.get(type_)
+        if prev is None or prev[0] != status:
+            prev = (status, now())
+            self._transitions[type_] = prev
+        cond = {"type": type_, "status": status, "lastProbeTime": None, "lastTransitionTime": prev[1]}
+        if not ok and reason:
+            cond["reason"] = reason
+        return cond
+
+    def status(self) -> dict[str, Any]:
+        ready = self.ready
+        not_ready = "PodCompleted" if self.phase in ("Succeeded", "Failed") else "ContainersNotReady"
+        cs: dict[str, Any] = {"name": self.container, "state": self.state, "lastState": self.last_state,
+                              "ready": ready, "restartCount": self.restart_count, "image": self.image,
+                              "imageID": self.image_id, "started": "running" in self.state}
+        if "waiting" not in self.state:
+            cs["containerID"] = self._container_id()
+        ip = self.kl.ip
+        return {"phase": self.phase,
+                "conditions": [self._condition("PodReadyToStartContainers", True),
+                               self._condition("Initialized", True),
+                               self._condition("Ready", ready, not_ready),
+                               self._condition("ContainersReady", ready, not_ready),
+                               self._condition("PodScheduled", True)],
+                "hostIP": ip, "hostIPs": [{"ip": ip}], "podIP": ip, "podIPs": [{"ip": ip}],
+                "startTime": self.start_time, "qosClass": "BestEffort",
+                "containerStatuses": [cs]}
+
+    async def _status_loop(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            status = self.status()
+            if status == self._written:
+                continue
+            try:
+                await self.kl.client.patch(PODS, self.name, [
+                    {"op": "test", "path": "/metadata/uid", "value": self.uid},
+                    {"op": "replace", "path": "/status", "value": status}], self.namespace,
+                    type="json", subresource="status")
+                self._written = status
+            except ApiError as e:
+                if e.code in (404, 409, 422):
+                    log.debug("pod %s/%s (%s) is gone or replaced: %s", self.namespace, self.name, self.uid, e)
+                    self._written = status
+                    continue
+                log.warning("cannot write status of pod %s/%s: %s", self.namespace, self.name, e)
+                await asyncio.sleep(1)
+                self._dirty.set()

@@ -1,0 +1,192 @@
+"""The kubelet's endpoint: what the API server forwards to this node.
+
+Plain HTTP for now (TLS comes with the security work).  Every request but
+``/healthz`` carries a bearer token, checked with the API server's TokenReview
+(positive answers cached for :data:`AUTH_CACHE_SECONDS`); only the API server's
+own identity (``system:kube-apiserver``) may call: 401 without a valid token,
+403 for anyone else.  Paths live in :data:`ROUTES` (the checkpoint and thaw
+endpoints of the migration work plug in there):
+
+* ``/pods/<ns>/<pod>/http/<path>``: one request into the pod's ``k32_handle``;
+  a frozen pod answers 503 with ``Retry-After: 1``.
+* ``/containerLogs/<ns>/<pod>/<container>?follow=&tailLines=&timestamps=``.
+* ``/devices/keyboard?key=K[&namespace=NS]``: a key press on a node with a
+  keyboard, published on the topic ``keyboard``.
+* ``/healthz``.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from aiohttp import web
+
+from ..client import ApiError
+from ..wasm import HttpRequest, PodError, PodFrozen
+from .logs import format_line
+
+if TYPE_CHECKING:
+    from .kubelet import Kubelet
+
+AUTH_CACHE_SECONDS = 60.0
+ALLOWED_USER = "system:kube-apiserver"
+PUBLIC = frozenset({"/healthz"})
+Handler = Callable[["Kubelet", web.Request], Awaitable[web.StreamResponse]]
+DROP_HEADERS = frozenset({"host", "authorization", "connection", "keep-alive", "transfer-encoding",
+                          "content-length", "x-forwarded-for", "x-forwarded-uri", "accept-encoding"})
+
+
+def _text(status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=text.rstrip("\n") + "\n", headers=headers)
+
+
+class TokenCheck:
+    """TokenReview with a cache of positive answers (negative ones are asked again)."""
+
+    def __init__(self, kubelet: "Kubelet") -> None:
+        self.kl = kubelet
+        self._cache: dict[str, tuple[float, str]] = {}
+
+    async def user(self, token: str) -> str | None:
+        hit = self._cache.get(token)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        out = await self.kl.client._json("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=review)
+        status = out.get("status") or {}
+        if not status.get("authenticated"):
+            return None
+        name = (status.get("user") or {}).get("username", "")
+        if len(self._cache) > 1024:
+            self._cache.clear()
+        self._cache[token] = (time.monotonic() + AUTH_CACHE_SECONDS, name)
+        return name
+
+
+def build_app(kubelet: "Kubelet") -> web.Application:
+    check = TokenCheck(kubelet)
+
+    @web.middleware
+    async def auth(request: web.Request, handler):
+        if request.path in PUBLIC:
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        if not header.lower().startswith("bearer ") or not header[7:].strip():
+            return _text(401, "Unauthorized: a bearer token is required")
+        try:
+            user = await check.user(header[7:].strip())
+        except ApiError as e:
+            return _text(503, f"cannot check the token with the API server: {e.message}")
+        if user is None:
+            return _text(401, "Unauthorized: the token is not valid")
+        if user != ALLOWED_USER:
+            return _text(403, f'Forbidden: user "{user}" may not use the kubelet API')
+        return await handler(request)
+
+    app = web.Application(middlewares=[auth], client_max_size=16 << 20)
+    app["kubelet"] = kubelet
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, _bind(kubelet, handler))
+    return app
+
+
+def _bind(kubelet: "Kubelet", handler: Handler):
+    async def h(request: web.Request) -> web.StreamResponse:
+        return await handler(kubelet, request)
+    return h
+
+
+async def healthz(kl: "Kubelet", request: web.Request) -> web.Response:
+    return _text(200, "ok")
+
+
+async def pod_http(kl: "Kubelet", request: web.Request) -> web.Response:
+    ns, name = request.match_info["ns"], request.match_info["pod"]
+    worker = kl.worker_by_name(ns, name)
+    if worker is None:
+        return _text(404, f'pod "{ns}/{name}" is not running on node "{kl.options.node_name}"')
+    inst = worker.instance
+    if inst is None:
+        return _text(503, f'pod "{ns}/{name}" is not running: {_state_text(worker.state)}',
+                     {"Retry-After": "1"})
+    headers = tuple((k, v) for k, v in request.headers.items() if k.lower() not in DROP_HEADERS)
+    req = HttpRequest(request.method, "/" + request.match_info["path"], request.query_string, headers,
+                      await request.read())
+    try:
+        fut = inst.handle(req)
+    except PodFrozen:
+        return _text(503, f'pod "{ns}/{name}" is frozen', {"Retry-After": "1"})
+    except PodError as e:
+        return _text(503, f'pod "{ns}/{name}" cannot serve: {e}', {"Retry-After": "1"})
+    try:
+        resp = await asyncio.wait_for(asyncio.wrap_future(fut), kl.options.call_timeout_ms / 1000 + 5)
+    except PodFrozen:
+        return _text(503, f'pod "{ns}/{name}" is frozen', {"Retry-After": "1"})
+    except PodError as e:
+        return _text(502, f'pod "{ns}/{name}" failed the request: {e}')
+    except TimeoutError:
+        return _text(504, f'pod "{ns}/{name}" did not answer in time')
+    out = web.Response(status=resp.status, body=resp.body)
+    for k, v in resp.headers:
+        if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+            out.headers.add(k, v)
+    return out
+
+
+def _state_text(state: dict) -> str:
+    for kind, detail in state.items():
+        return f"{kind} {detail.get('reason', '')}: {detail.get('message', '')}".strip(": ")
+    return "not started"
+
+
+async def container_logs(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
+    ns, name, container = request.match_info["ns"], request.match_info["pod"], request.match_info["container"]
+    worker = kl.worker_by_name(ns, name)
+    if worker is None:
+        return _text(404, f'pod "{ns}/{name}" is not on node "{kl.options.node_name}"')
+    if container != worker.container:
+        return _text(400, f"container {container} is not valid for pod {name}")
+    q = request.query
+    timestamps = q.get("timestamps", "").lower() in ("1", "true")
+    tail = None
+    if q.get("tailLines"):
+        try:
+            tail = int(q["tailLines"])
+        except ValueError:
+            return _text(400, f'tailLines must be a number, not "{q["tailLines"]}"')
+    if q.get("follow", "").lower() not in ("1", "true"):
+        body = b"".join(format_line(e, timestamps) for e in worker.logs.lines(tail))
+        return web.Response(body=body, content_type="text/plain")
+    resp = web.StreamResponse(headers={"Content-Type": "text/plain", "Cache-Control": "no-cache"})
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    try:
+        async for entry in worker.logs.follow(tail):
+            await resp.write(format_line(entry, timestamps))
+        await resp.write_eof()
+    except (ConnectionResetError, RuntimeError):
+        pass
+    return resp
+
+
+async def keyboard(kl: "Kubelet", request: web.Request) -> web.Response:
+    if "keyboard" not in kl.options.devices:
+        return _text(404, f'node "{kl.options.node_name}" has no keyboard (start it with --devices keyboard)')
+    key = request.query.get("key", "")
+    if not key:
+        return _text(400, "give the key pressed as ?key=K")
+    ns = request.query.get("namespace", "default")
+    await kl.publish_async(ns, "keyboard", key.encode(), f"node/{kl.options.node_name}")
+    return _text(200, f"published key {key!r} on topic keyboard in namespace {ns}")
+
+
+# (method, path, handler): the kubelet API.  Migration endpoints (checkpoint, thaw)
+# are added here by that work.
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("GET", "/healthz", healthz),
+    ("*", "/pods/{ns}/{pod}/http/{path:.*}", pod_http),
+    ("GET", "/containerLogs/{ns}/{pod}/{container}", container_logs),
+    ("GET", "/devices/keyboard", keyboard),
+    ("POST", "/devices/keyboard", keyboard),
+]

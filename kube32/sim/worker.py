@@ -1,0 +1,72 @@
+"""``kube32-sim worker``: one simulated board, a kubelet joining a cluster.
+
+It reads the API server's address and the node bootstrap token from a kubeconfig
+(``<data-dir>/node.kubeconfig`` of the control plane; ``--server`` overrides the
+address), runs a :class:`~kube32.kubelet.Kubelet` with the options of its profile
+and flags, and stops cleanly on SIGINT/SIGTERM: its pods stop and its Node is
+marked NotReady (self-drain comes with the drain work).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+from ..client import Client
+from ..kubelet import Kubelet, KubeletOptions
+from ..kubelet.quantity import parse_bytes
+from .profiles import profile
+
+
+def add_node_flags(p: argparse.ArgumentParser, *, default_profile: str, port_flag: str = "--port") -> None:
+    """Flags shared by ``worker`` and the control plane's own node."""
+    p.add_argument(port_flag, dest="kubelet_port", type=int, default=0,
+                   help="kubelet endpoint port (0 = any free port)")
+    p.add_argument("--profile", default=default_profile, choices=("devkit", "cardputer", "laptop"),
+                   help=f"board profile: default heap, devices and pod capacity (default {default_profile})")
+    p.add_argument("--heap", help="heap size, e.g. 512Ki, 8Mi (default: the profile's)")
+    p.add_argument("--devices", help="comma-separated devices, e.g. display,keyboard (default: the profile's)")
+    p.add_argument("--interp-mops", type=float, help="interpreter speed to report instead of measuring it")
+    p.add_argument("--lease-interval", type=float, default=10.0, help="seconds between Lease renewals")
+    p.add_argument("--status-interval", type=float, default=10.0, help="seconds between node status reports")
+    p.add_argument("--backoff", type=float, default=10.0, help="first restart back-off in seconds (doubles to 300)")
+
+
+def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool = False,
+                    data_dir: Path | None = None) -> KubeletOptions:
+    prof = profile(args.profile)
+    try:
+        heap = parse_bytes(args.heap) if args.heap else prof.heap_bytes
+    except ValueError as e:
+        raise SystemExit(f"kube32-sim: --heap: {e}") from None
+    devices = tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices is not None else prof.devices
+    return KubeletOptions(node_name=name, port=args.kubelet_port, profile=prof.name, heap_bytes=heap,
+                          driver_bytes=prof.driver_bytes if not args.heap else min(prof.driver_bytes, heap // 4),
+                          devices=devices, max_pods=prof.max_pods, interp_mops=args.interp_mops,
+                          control_plane=control_plane, lease_interval=args.lease_interval,
+                          status_interval=args.status_interval, backoff_base=args.backoff,
+                          data_dir=data_dir)
+
+
+async def run_worker(kubeconfig: Path, server: str | None, opts: KubeletOptions) -> int:
+    client = Client.from_kubeconfig(kubeconfig, user_agent=f"kubelet/{opts.node_name}")
+    if server:
+        client.server = server.rstrip("/")
+    kubelet = Kubelet(client, opts)
+    try:
+        await kubelet.start()
+    except Exception:
+        await client.close()
+        raise
+    print(f"kube32 worker {opts.node_name} ({opts.profile}) joined {client.server}; "
+          f"kubelet on {kubelet.ip}:{kubelet.port}, interp-mops {kubelet.interp_mops:.2f}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print(f"kube32 worker {opts.node_name} stopping", flush=True)
+    await kubelet.stop()
+    await client.close()
+    return 0
