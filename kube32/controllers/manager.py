@@ -15,6 +15,13 @@ log = logging.getLogger("kube32.controllers")
 # Controller classes, in start order (filled as controllers land).
 CONTROLLERS: list[type[Controller]] = []
 
+from .replicaset import ReplicaSetController  # noqa: E402 - registered right after the list
+from .deployment import DeploymentController  # noqa: E402
+from .daemonset import DaemonSetController  # noqa: E402
+from .endpoints import EndpointsController  # noqa: E402
+
+CONTROLLERS += [ReplicaSetController, DeploymentController, DaemonSetController, EndpointsController]
+
 
 class ControllerManager:
     def __init__(self, client: Client, options: ControllerOptions | None = None) -> None:

@@ -1,0 +1,342 @@
+"""Helpers shared by the workload controllers: pods, owners, selectors, templates, expectations.
+
+Everything here works on plain dicts (API objects as the informers cache them)
+and never talks to the API server.  Invariants the controllers rely on:
+
+* a pod is identified by ``namespace/name`` (:func:`pod_key`), never by uid: a
+  pod may be *replaced* in one write by another component (same name, labels
+  and owner, new uid, other node), and that is still one pod;
+* :func:`template_hash` depends only on the template's content (and the
+  collision count), so the same template always names the same ReplicaSet;
+* :class:`Expectations` remembers writes whose watch events have not arrived
+  yet, so a controller reading a stale cache never creates or deletes twice.
+"""
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+Obj = dict[str, Any]
+
+POD_TEMPLATE_HASH = "pod-template-hash"
+SAFE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # k8s rand.SafeEncodeString: no vowels, no 0/1/3
+
+
+# --- metadata -------------------------------------------------------------------
+def md(obj: Obj) -> Obj:
+    return obj.get("metadata") or {}
+
+
+def pod_key(obj: Obj) -> str:
+    m = md(obj)
+    return f"{m.get('namespace', 'default')}/{m.get('name', '')}"
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def rfc3339(t: dt.datetime | None = None) -> str:
+    return (t or now()).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def controller_ref(obj: Obj) -> Obj | None:
+    for ref in md(obj).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return ref
+    return None
+
+
+def owner_reference(owner: Obj, api_version: str, kind: str) -> Obj:
+    """The controller reference a child of ``owner`` carries (GC deletes it with the owner)."""
+    return {"apiVersion": api_version, "kind": kind, "name": md(owner)["name"],
+            "uid": md(owner)["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def is_controlled_by(obj: Obj, owner: Obj) -> bool:
+    ref = controller_ref(obj)
+    return ref is not None and ref.get("uid") == md(owner).get("uid")
+
+
+# --- selectors --------------------------------------------------------------------
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str] | None) -> bool:
+    """A metav1.LabelSelector; an empty or missing selector matches nothing (as controllers treat it)."""
+    if not selector:
+        return False
+    labels = labels or {}
+    ml = selector.get("matchLabels") or {}
+    exprs = selector.get("matchExpressions") or []
+    if not ml and not exprs:
+        return False
+    if any(labels.get(k) != v for k, v in ml.items()):
+        return False
+    return all(_expression_matches(e, labels) for e in exprs)
+
+
+def _expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key, op, values = expr.get("key", ""), expr.get("operator", ""), expr.get("values") or []
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    return False  # an unknown operator selects nothing rather than everything
+
+
+def map_selector_matches(selector: Mapping[str, str] | None, labels: Mapping[str, str] | None) -> bool:
+    """A Service's plain ``spec.selector`` map (empty = none; Services without one are user-managed)."""
+    if not selector:
+        return False
+    labels = labels or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --- pod state --------------------------------------------------------------------
+def pod_condition(pod: Obj, ctype: str) -> Obj | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == ctype:
+            return c
+    return None
+
+
+def is_terminating(pod: Obj) -> bool:
+    return bool(md(pod).get("deletionTimestamp"))
+
+
+def is_terminal(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def is_active(pod: Obj) -> bool:
+    """Counts toward a controller's replicas: not being deleted, not finished."""
+    return not is_terminating(pod) and not is_terminal(pod)
+
+
+def is_ready(pod: Obj) -> bool:
+    c = pod_condition(pod, "Ready")
+    return c is not None and c.get("status") == "True"
+
+
+def is_available(pod: Obj, min_ready_seconds: int, at: dt.datetime | None = None) -> bool:
+    """Ready for at least ``min_ready_seconds`` (measured from the Ready condition's transition)."""
+    if not is_ready(pod):
+        return False
+    if min_ready_seconds <= 0:
+        return True
+    since = parse_time((pod_condition(pod, "Ready") or {}).get("lastTransitionTime"))
+    if since is None:
+        return False
+    return (at or now()) - since >= dt.timedelta(seconds=min_ready_seconds)
+
+
+def seconds_until_available(pod: Obj, min_ready_seconds: int) -> float | None:
+    """When a Ready pod turns available (None: not Ready, or already available)."""
+    if not is_ready(pod) or min_ready_seconds <= 0:
+        return None
+    since = parse_time((pod_condition(pod, "Ready") or {}).get("lastTransitionTime"))
+    if since is None:
+        return None
+    left = (since + dt.timedelta(seconds=min_ready_seconds) - now()).total_seconds()
+    return left if left > 0 else None
+
+
+def deletion_rank(pod: Obj) -> tuple:
+    """Sort key: pods to delete first come first (as k8s ActivePods' Less).
+
+    Unscheduled before scheduled, Pending before Unknown before Running,
+    not-ready before ready, ready for less time first, more restarts first,
+    newer before older; the name breaks ties so the order is deterministic.
+    """
+    status = pod.get("status") or {}
+    phase_rank = {"Pending": 0, "Unknown": 1, "Running": 2}.get(status.get("phase", "Pending"), 0)
+    ready_since = parse_time((pod_condition(pod, "Ready") or {}).get("lastTransitionTime"))
+    restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
+    created = parse_time(md(pod).get("creationTimestamp"))
+    return (1 if (pod.get("spec") or {}).get("nodeName") else 0,
+            phase_rank,
+            1 if is_ready(pod) else 0,
+            -(ready_since.timestamp() if ready_since and is_ready(pod) else 0),
+            -restarts,
+            -(created.timestamp() if created else 0),
+            md(pod).get("name", ""))
+
+
+# --- templates --------------------------------------------------------------------
+def safe_encode(digest: bytes, length: int) -> str:
+    n = int.from_bytes(digest, "big")
+    out = []
+    for _ in range(length):
+        n, r = divmod(n, len(SAFE_ALPHABET))
+        out.append(SAFE_ALPHABET[r])
+    return "".join(out)
+
+
+def template_hash(template: Obj, collision_count: int = 0) -> str:
+    """A short stable hash of a pod template (labels with ``pod-template-hash`` ignored)."""
+    t = copy.deepcopy(template or {})
+    labels = (t.get("metadata") or {}).get("labels")
+    if isinstance(labels, dict):
+        labels.pop(POD_TEMPLATE_HASH, None)
+    text = json.dumps(t, sort_keys=True, separators=(",", ":"))
+    if collision_count:
+        text += f"#{collision_count}"
+    return safe_encode(hashlib.sha256(text.encode()).digest(), 10)
+
+
+def templates_equal_ignoring_hash(a: Obj | None, b: Obj | None) -> bool:
+    """Equal pod templates once ``pod-template-hash`` is dropped (k8s EqualIgnoreHash)."""
+    def strip(t: Obj | None) -> Obj:
+        t = copy.deepcopy(t or {})
+        t.setdefault("metadata", {})
+        labels = dict(t["metadata"].get("labels") or {})
+        labels.pop(POD_TEMPLATE_HASH, None)
+        t["metadata"]["labels"] = labels
+        for k in ("creationTimestamp",):
+            t["metadata"].pop(k, None)
+        if not t["metadata"].get("annotations"):
+            t["metadata"].pop("annotations", None)
+        return t
+    return strip(a) == strip(b)
+
+
+def pod_from_template(template: Obj, owner: Obj, api_version: str, kind: str, *,
+                      generate_name: str | None = None) -> Obj:
+    """A new pod for ``owner``: the template's labels, annotations and spec, owned by it."""
+    tmd = (template or {}).get("metadata") or {}
+    meta: Obj = {"generateName": generate_name or f"{md(owner)['name']}-",
+                 "namespace": md(owner).get("namespace", "default"),
+                 "labels": dict(tmd.get("labels") or {}),
+                 "ownerReferences": [owner_reference(owner, api_version, kind)]}
+    if tmd.get("annotations"):
+        meta["annotations"] = dict(tmd["annotations"])
+    if tmd.get("finalizers"):
+        meta["finalizers"] = list(tmd["finalizers"])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": copy.deepcopy((template or {}).get("spec") or {})}
+
+
+# --- int-or-percent -----------------------------------------------------------------
+def scaled_value(value: Any, total: int, round_up: bool) -> int:
+    """An IntOrString (``2`` or ``"25%"``) against ``total``; as intstr.GetScaledValueFromIntOrPercent."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise ValueError(f"invalid value {value!r}: must be an integer or a percentage")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if text.endswith("%"):
+        try:
+            pct = int(text[:-1])
+        except ValueError:
+            raise ValueError(f"invalid value {value!r}: must be an integer or a percentage") from None
+        num = pct * total
+        return -(-num // 100) if round_up else num // 100
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"invalid value {value!r}: must be an integer or a percentage") from None
+
+
+# --- expectations -------------------------------------------------------------------
+EXPECTATIONS_TIMEOUT = 300.0  # a lost watch event must not block a controller forever
+
+
+@dataclass
+class _Expect:
+    adds: int = 0
+    deletes: set[str] = field(default_factory=set)  # pod keys (namespace/name)
+    stamp: float = field(default_factory=time.monotonic)
+
+
+class Expectations:
+    """Creates and deletes a controller made and has not yet seen in its informer.
+
+    As client-go's UIDTrackingControllerExpectations, but deletions are tracked
+    by pod *name*: a pod replaced in one write keeps its name and is never
+    "seen deleted" nor "seen created" by that replacement.  A controller whose
+    expectations are not satisfied only updates status; it does not create or
+    delete until its cache caught up (or the expectations expired).
+    """
+
+    def __init__(self, timeout: float = EXPECTATIONS_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._by_owner: dict[str, _Expect] = {}
+
+    def satisfied(self, owner_key: str) -> bool:
+        e = self._by_owner.get(owner_key)
+        if e is None:
+            return True
+        if e.adds <= 0 and not e.deletes:
+            return True
+        return time.monotonic() - e.stamp > self.timeout
+
+    def expect_creations(self, owner_key: str, count: int) -> None:
+        e = self._by_owner.setdefault(owner_key, _Expect())
+        e.adds = max(e.adds, 0) + count
+        e.stamp = time.monotonic()
+
+    def expect_deletions(self, owner_key: str, pod_keys: Iterable[str]) -> None:
+        e = self._by_owner.setdefault(owner_key, _Expect())
+        e.deletes.update(pod_keys)
+        e.stamp = time.monotonic()
+
+    def creation_observed(self, owner_key: str) -> None:
+        e = self._by_owner.get(owner_key)
+        if e is not None and e.adds > 0:
+            e.adds -= 1
+
+    def deletion_observed(self, owner_key: str, pod_key_: str) -> None:
+        e = self._by_owner.get(owner_key)
+        if e is not None:
+            e.deletes.discard(pod_key_)
+
+    def pending(self, owner_key: str) -> tuple[int, frozenset[str]]:
+        e = self._by_owner.get(owner_key)
+        return (e.adds, frozenset(e.deletes)) if e else (0, frozenset())
+
+    def forget(self, owner_key: str) -> None:
+        self._by_owner.pop(owner_key, None)
+
+
+def owner_key_of(pod: Obj, kind: str) -> str | None:
+    """``namespace/name`` of the pod's controller when it is of ``kind``."""
+    ref = controller_ref(pod)
+    if ref is None or ref.get("kind") != kind:
+        return None
+    return f"{md(pod).get('namespace', 'default')}/{ref.get('name', '')}"
+
+
+def pod_event_kind(etype: str, pod: Obj, old: Obj | None) -> str:
+    """What an informer event means for a controller counting pods by name.
+
+    ``added`` / ``deleted`` (a new name / a name gone, or marked for deletion),
+    ``replaced`` (MODIFIED with a new uid: another component swapped the pod in
+    one write — still the same pod for counting), or ``updated``.
+    """
+    if etype == "ADDED":
+        return "deleted" if is_terminating(pod) else "added"
+    if etype == "DELETED":
+        return "deleted"
+    if old is not None and md(old).get("uid") and md(pod).get("uid") != md(old).get("uid"):
+        return "replaced"
+    if is_terminating(pod) and (old is None or not is_terminating(old)):
+        return "deleted"
+    return "updated"
