@@ -156,6 +156,11 @@ class Client:
         path = kind.path(ns, subresource_of, subresource) if subresource_of else kind.path(ns)
         return await self._json("POST", path, body=obj)
 
+    async def post_subresource(self, kind: Kind, name: str, subresource: str, body: Any,
+                               namespace: str | None = None, params: dict[str, str] | None = None) -> Obj:
+        """POST to a subresource: binding, eviction, replacement."""
+        return await self._json("POST", kind.path(namespace, name, subresource), params=params, body=body)
+
     async def update(self, kind: Kind, obj: Obj, subresource: str | None = None) -> Obj:
         md = obj["metadata"]
         return await self._json("PUT", kind.path(md.get("namespace"), md["name"], subresource), body=obj)

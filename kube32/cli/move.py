@@ -1,0 +1,144 @@
+"""``kube32-cli move POD [--to NODE]`` and ``kube32-cli checkpoint POD``.
+
+Both create a Checkpoint (action Move or Save) and follow it live: each phase is
+printed as the controller reaches it, then the outcome in plain words: the
+freeze-to-running time of a move, the size of a saved snapshot, or the blockers
+and the reason of a failure (exit code 1).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import time
+from typing import Any
+
+from rich.console import Console
+
+from ..client import CHECKPOINTS, PODS, ApiError, Client
+
+TERMINAL = {"Saved", "Completed", "Failed"}
+PHASE_WORDS = {
+    "Pending": "created, waiting for the controller",
+    "Saving": "the node freezes the pod and sends its state",
+    "Saved": "the snapshot is stored",
+    "Moving": "the replacement is restoring on the target",
+    "Completed": "the replacement runs on the target",
+    "Failed": "refused or rolled back",
+}
+
+
+def _parser(prog: str, move: bool) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("pod", help="the pod to " + ("move" if move else "checkpoint"))
+    if move:
+        p.add_argument("--to", dest="node", help="the target node (default: the scheduler picks)")
+        p.add_argument("--selector", action="append", default=[], metavar="KEY=VALUE",
+                       help="a node label the target must have (repeatable)")
+    p.add_argument("-n", "--namespace", default=None, help="the pod's namespace (default: the kubeconfig's)")
+    p.add_argument("-c", "--container", help="the container (default: the only one)")
+    p.add_argument("--kubeconfig", help="path to the kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
+    p.add_argument("--timeout", type=float, default=180, help="seconds to wait for the outcome")
+    return p
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    if args.namespace:
+        return args.namespace
+    import os
+    from pathlib import Path
+
+    import yaml
+    path = args.kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+        ctx = next(c["context"] for c in doc.get("contexts", []) if c["name"] == doc.get("current-context"))
+        return ctx.get("namespace") or "default"
+    except (OSError, StopIteration, KeyError, TypeError):
+        return "default"
+
+
+def checkpoint_object(args: argparse.Namespace, action: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"podName": args.pod, "action": action}
+    if args.container:
+        spec["containerName"] = args.container
+    if action == "Move":
+        target: dict[str, Any] = {}
+        if args.node:
+            target["nodeName"] = args.node
+        if args.selector:
+            target["nodeSelector"] = dict(s.split("=", 1) for s in args.selector)
+        if target:
+            spec["target"] = target
+    suffix = "move" if action == "Move" else "save"
+    return {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+            "metadata": {"name": f"{args.pod[:40]}-{suffix}-{secrets.token_hex(3)}"}, "spec": spec}
+
+
+async def follow(client: Client, ns: str, name: str, console: Console, timeout: float) -> dict[str, Any]:
+    """Print each phase as it is reached; return the final Checkpoint."""
+    last = None
+    start = time.monotonic()
+    deadline = start + timeout
+    while time.monotonic() < deadline:
+        try:
+            async for etype, ck in client.watch(CHECKPOINTS, ns, field_selector=f"metadata.name={name}",
+                                                timeout_seconds=max(1, int(deadline - time.monotonic()))):
+                phase = (ck.get("status") or {}).get("phase", "Pending")
+                if phase != last:
+                    last = phase
+                    console.print(f"  [dim]{time.monotonic() - start:6.2f}s[/]  [bold]{phase:<9}[/] {PHASE_WORDS.get(phase, '')}")
+                if phase in TERMINAL or etype == "DELETED":
+                    return ck
+        except ApiError as e:
+            if e.code not in (0, 410):
+                raise
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"no outcome after {timeout:.0f} s (last phase: {last})")
+
+
+def report(ck: dict[str, Any], console: Console) -> int:
+    st = ck.get("status") or {}
+    phase = st.get("phase")
+    if phase == "Completed":
+        console.print(f"[bold green]moved[/] {ck['spec']['podName']} from {st.get('nodeName')} to "
+                      f"{st.get('targetNode')}: {st.get('message', '')}")
+        return 0
+    if phase == "Saved":
+        console.print(f"[bold green]saved[/] {ck['spec']['podName']} on {st.get('nodeName')}: "
+                      f"{st.get('sizeBytes', 0)} bytes, pod time {st.get('podTimeMs')} ms, checkpoint "
+                      f"{ck['metadata']['name']}")
+        return 0
+    console.print(f"[bold red]failed:[/] {st.get('message') or 'the checkpoint failed'}")
+    for b in st.get("blockers") or []:
+        console.print(f"  - {b}")
+    return 1
+
+
+async def _run(args: argparse.Namespace, action: str) -> int:
+    console = Console(highlight=False)
+    ns = _namespace(args)
+    async with Client.from_kubeconfig(args.kubeconfig, user_agent="kube32-cli") as client:
+        try:
+            await client.get(PODS, args.pod, ns)
+            ck = await client.create(CHECKPOINTS, checkpoint_object(args, action), ns)
+        except ApiError as e:
+            console.print(f"[bold red]error:[/] {e.message or e}")
+            return 1
+        name = ck["metadata"]["name"]
+        what = f"moving {ns}/{args.pod}" + (f" to {args.node}" if action == "Move" and args.node else "")
+        console.print(f"{what if action == 'Move' else f'checkpointing {ns}/{args.pod}'} (checkpoint {name})")
+        try:
+            final = await follow(client, ns, name, console, args.timeout)
+        except (TimeoutError, ApiError) as e:
+            console.print(f"[bold red]error:[/] {e}")
+            return 1
+        return report(final, console)
+
+
+def move_main(argv: list[str]) -> int:
+    return asyncio.run(_run(_parser("kube32-cli move", True).parse_args(argv), "Move"))
+
+
+def checkpoint_main(argv: list[str]) -> int:
+    return asyncio.run(_run(_parser("kube32-cli checkpoint", False).parse_args(argv), "Save"))

@@ -1,0 +1,438 @@
+"""The Checkpoint controller: carries out Save and Move Checkpoints (spec: "Moves").
+
+Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
+
+* ``Pending`` -> check the pod spec for blockers and pick the target (Move), then
+  ``Saving``: ask the pod's kubelet for a snapshot (``leave=running`` for Save,
+  ``leave=frozen`` for Move) through the node proxy and stream it straight into
+  the Checkpoint's data.  Save ends ``Saved``.  Move replaces the pod in one write
+  (``pods/<name>/replacement``: same name, spec, labels and owners, a new uid,
+  ``spec.nodeName`` = the target, ``kube32.io/restore-from`` = the Checkpoint)
+  and turns ``Moving``.
+* ``Moving`` -> once the replacement runs: ``Completed``, the annotation removed,
+  a Moved event with the time from the freeze.  When it fails to restore, fails,
+  or does not run within the rollback timeout (60 s): the pod goes back to its
+  source node (or, when that node is not Ready, to the scheduler) and restores
+  from the same Checkpoint; the Checkpoint turns ``Failed`` with the reason.
+* A failure before the replacement thaws the pod where it runs.
+
+Invariants: the control plane takes one snapshot at a time (one lock; others
+wait); every pod write names the uid it expects, so a pod replaced or deleted
+meanwhile is never overwritten; a ``Saving`` phase found with no snapshot in
+progress here (a control plane restart) fails and thaws, so no pod stays frozen.
+Bookkeeping lives in status (``podUID``, ``newPodUID``, ``frozenAtMs``,
+``finishedAt``), so the controller picks up where it was after a restart.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import aiohttp
+
+from .. import movability
+from ..client import CHECKPOINTS, NODES, PODS, ApiError
+from .base import Controller, key_of, split_key
+from .podutil import parse_time, rfc3339
+from .scheduler import node_misfits, pick_node, usage_by_node
+
+log = logging.getLogger("kube32.checkpoint")
+Obj = dict[str, Any]
+
+FREEZE_TIMEOUT_MS = 10000
+TRIGGER = "kube32.io/trigger"
+
+
+class MoveError(Exception):
+    def __init__(self, message: str, blockers: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.blockers = blockers or []
+
+
+def _status(ck: Obj) -> Obj:
+    return ck.get("status") or {}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _container_state(pod: Obj, container: str) -> Obj:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == container:
+            return cs.get("state") or {}
+    return {}
+
+
+def container_of(ck: Obj, pod: Obj) -> str:
+    wanted = (ck.get("spec") or {}).get("containerName")
+    names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+    if wanted:
+        if wanted not in names:
+            raise MoveError(f'pod {pod["metadata"]["name"]} has no container "{wanted}"')
+        return wanted
+    if len(names) != 1:
+        raise MoveError(f'pod {pod["metadata"]["name"]} has {len(names)} containers: name one in spec.containerName')
+    return names[0]
+
+
+def replacement_of(pod: Obj, node: str | None, checkpoint: str | None) -> Obj:
+    """The pod as it should be re-created: same name, spec, labels and owners."""
+    md = pod["metadata"]
+    annotations = dict(md.get("annotations") or {})
+    if checkpoint:
+        annotations[movability.RESTORE_FROM] = checkpoint
+    else:
+        annotations.pop(movability.RESTORE_FROM, None)
+    spec = dict(pod["spec"])
+    if node:
+        spec["nodeName"] = node
+    else:
+        spec.pop("nodeName", None)
+    new_md = {k: md[k] for k in ("name", "namespace", "labels", "ownerReferences", "finalizers") if k in md}
+    new_md["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": new_md, "spec": spec}
+
+
+class CheckpointController(Controller):
+    name = "checkpoint-controller"
+    workers = 4
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.snapshot_lock = asyncio.Lock()  # the control plane takes one snapshot at a time
+        self.rollback_seconds = float(getattr(ctx.options, "move_rollback_seconds", 60.0))
+        self.retention_seconds = float(getattr(ctx.options, "checkpoint_retention_seconds", 3600.0))
+        self.checkpoints = ctx.informers.get(CHECKPOINTS)
+        self.pods = ctx.informers.get(PODS)
+        self.nodes = ctx.informers.get(NODES)
+
+    def setup(self) -> None:
+        self.checkpoints.add_handler(lambda t, o, old: self.queue.add(key_of(o)))
+        self.pods.add_handler(self._on_pod)
+
+    def _on_pod(self, etype: str, pod: Obj, old: Obj | None) -> None:
+        """A pod that a Moving Checkpoint waits for changed: look at that Checkpoint."""
+        ann = (pod.get("metadata") or {}).get("annotations") or {}
+        ck_name = ann.get(movability.RESTORE_FROM)
+        if ck_name:
+            self.queue.add(f"{pod['metadata']['namespace']}/{ck_name}")
+
+    async def resync(self) -> None:
+        for ck in self.checkpoints.list():
+            phase = _status(ck).get("phase")
+            if phase in ("Completed", "Failed", "Moving") or phase is None:
+                self.queue.add(key_of(ck))
+
+    # --- sync ---------------------------------------------------------------------
+    async def sync(self, key: Any) -> None:
+        ns, name = split_key(key)
+        ck = await self.client.try_get(CHECKPOINTS, name, ns)
+        if ck is None:
+            return
+        phase = _status(ck).get("phase") or "Pending"
+        if phase == "Pending":
+            await self._start(ck)
+        elif phase == "Saving":
+            await self._interrupted(ck)
+        elif phase == "Moving":
+            await self._check_move(ck)
+        elif phase == "Failed" and _status(ck).get("rollbackPodUID") and not _status(ck).get("rollbackDone"):
+            await self._check_rollback(ck)
+        else:
+            await self._retain(ck)
+
+    async def _set_status(self, ck: Obj, **fields: Any) -> Obj:
+        md = ck["metadata"]
+        return await self.client.patch(CHECKPOINTS, md["name"], {"status": fields}, md["namespace"],
+                                       subresource="status")
+
+    async def _event(self, pod: Obj | None, type_: str, reason: str, message: str) -> None:
+        if pod is not None:
+            await self.recorder.record(pod, type_, reason, message)
+
+    # --- Pending -> Saving -> Saved | Moving ------------------------------------------
+    async def _start(self, ck: Obj) -> None:
+        spec = ck.get("spec") or {}
+        ns, action = ck["metadata"]["namespace"], spec.get("action", "Save")
+        pod = await self.client.try_get(PODS, spec.get("podName", ""), ns)
+        try:
+            if pod is None:
+                raise MoveError(f'pod "{spec.get("podName")}" not found')
+            container = container_of(ck, pod)
+            source = (pod.get("spec") or {}).get("nodeName")
+            if not source or (pod.get("status") or {}).get("phase") != "Running":
+                raise MoveError(f'pod {pod["metadata"]["name"]} is not running on a node')
+            if pod["metadata"].get("deletionTimestamp"):
+                raise MoveError(f'pod {pod["metadata"]["name"]} is being deleted')
+            blockers = movability.spec_blockers(pod, await self._image_exports(pod, container))
+            if blockers:
+                raise MoveError("the pod cannot move: " + "; ".join(blockers), blockers)
+            target = await self._target(ck, pod) if action == "Move" else None
+        except MoveError as e:
+            await self._fail(ck, pod, e, action)
+            return
+        async with self.snapshot_lock:
+            ck = await self._set_status(ck, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"])
+            await self._save_and_continue(ck, pod, container, source, target)
+
+    async def _image_exports(self, pod: Obj, container: str) -> list[str] | None:
+        image = next((c.get("image", "") for c in pod["spec"]["containers"] if c.get("name") == container), "")
+        digest = movability.embedded_digest(image)
+        if digest is None:
+            return None
+        try:
+            async with self.client.request("GET", f"/apis/kube32.io/v1/images/{digest}/info") as r:
+                if r.status == 200:
+                    return list((await r.json()).get("exports") or [])
+        except aiohttp.ClientError:
+            pass
+        return None
+
+    async def _target(self, ck: Obj, pod: Obj) -> str:
+        target = (ck.get("spec") or {}).get("target") or {}
+        source = pod["spec"]["nodeName"]
+        nodes = self.nodes.list()
+        if target.get("nodeName"):
+            name = target["nodeName"]
+            if name == source:
+                raise MoveError(f"the pod already runs on {name}")
+            node = next((n for n in nodes if n["metadata"]["name"] == name), None)
+            if node is None:
+                raise MoveError(f'node "{name}" not found')
+            usage = usage_by_node(self.pods.list(), skip_uid=pod["metadata"]["uid"]).get(name)
+            why = node_misfits(pod, node, usage, target.get("nodeSelector"))
+            if why:
+                raise MoveError(f"0/1 nodes are available: 1 {why[0]}." if len(why) == 1 else
+                                f"0/1 nodes are available: " + ", ".join(f"1 {w}" for w in why) + ".")
+            return name
+        picked, reason = pick_node(pod, nodes, self.pods.list(), target.get("nodeSelector"), {source})
+        if picked is None:
+            raise MoveError(reason)
+        return picked
+
+    async def _save_and_continue(self, ck: Obj, pod: Obj, container: str, source: str,
+                                 target: str | None) -> None:
+        move = target is not None
+        ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        try:
+            frozen_at = await self._stream_snapshot(ck, pod, container, source, "frozen" if move else "running")
+        except MoveError as e:
+            if move:
+                await self._thaw(source, ns, pod_name, container)
+            await self._fail(ck, pod, e, "Move" if move else "Save")
+            return
+        ck = await self.client.get(CHECKPOINTS, ck["metadata"]["name"], ns)
+        if not move:
+            st = _status(ck)
+            await self._set_status(ck, phase="Saved", takenAt=rfc3339(), finishedAt=rfc3339(), message="")
+            await self._event(pod, "Normal", "Checkpointed",
+                              f"Saved the pod's state on {source}: {st.get('sizeBytes')} bytes in checkpoint "
+                              f"{ck['metadata']['name']}")
+            return
+        try:
+            new = await self._replace(pod, target, ck["metadata"]["name"])
+        except ApiError as e:
+            await self._thaw(source, ns, pod_name, container)
+            await self._fail(ck, pod, MoveError(f"the pod could not be replaced: {e.message}"), "Move")
+            return
+        await self._set_status(ck, phase="Moving", takenAt=rfc3339(), targetNode=target, newPodName=pod_name,
+                               newPodUID=new["metadata"]["uid"], frozenAtMs=frozen_at)
+        await self._event(new, "Normal", "Moving",
+                          f"Replacement bound to {target}; restoring from checkpoint {ck['metadata']['name']}")
+        self.queue.add_after(key_of(ck), self.rollback_seconds)
+
+    async def _stream_snapshot(self, ck: Obj, pod: Obj, container: str, node: str, leave: str) -> int:
+        """Kubelet snapshot -> Checkpoint data, streamed; returns the freeze time (Unix ms)."""
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        url = (f"/api/v1/nodes/{node}/proxy/checkpoint/{ns}/{name}/{container}"
+               f"?leave={leave}&timeoutMs={FREEZE_TIMEOUT_MS}")
+        data_path = CHECKPOINTS.path(ns, ck["metadata"]["name"], "data")
+        asked_at = _now_ms()
+        try:
+            async with self.client.request("POST", url, timeout=aiohttp.ClientTimeout(total=None, sock_read=120)) as r:
+                if r.status != 200:
+                    raise MoveError(*self._kubelet_refusal(r.status, await r.text()))
+                length = r.content_length
+                if length is None:
+                    raise MoveError("the node sent a snapshot without a Content-Length")
+                frozen_at = int(r.headers.get("X-Kube32-Frozen-At-Ms") or asked_at)
+                headers = {"Content-Type": "application/octet-stream", "Content-Length": str(length)}
+                async with self.client.request("PUT", data_path, data=r.content.iter_chunked(1 << 20),
+                                               headers=headers) as put:
+                    if put.status != 200:
+                        body = await put.text()
+                        try:
+                            msg = json.loads(body).get("message", body)
+                        except json.JSONDecodeError:
+                            msg = body
+                        raise MoveError(f"the snapshot could not be stored: {msg}")
+                return frozen_at
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+            raise MoveError(f"the snapshot transfer from {node} failed: {e or type(e).__name__}") from None
+
+    @staticmethod
+    def _kubelet_refusal(status: int, text: str) -> tuple[str, list[str]]:
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError:
+            body = {"message": text}
+        blockers = list(body.get("blockers") or [])
+        reason = body.get("reason", "")
+        if reason == "NotMovable":
+            return "the pod cannot move: " + "; ".join(blockers), blockers
+        if reason == "Timeout":
+            return "; ".join(blockers) or "the freeze timed out", blockers
+        return body.get("message") or f"the node answered {status}", blockers
+
+    async def _thaw(self, node: str, ns: str, pod: str, container: str) -> None:
+        try:
+            async with self.client.request("POST", f"/api/v1/nodes/{node}/proxy/thaw/{ns}/{pod}/{container}") as r:
+                await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            log.warning("cannot thaw %s/%s on %s: %s", ns, pod, node, e)
+
+    async def _fail(self, ck: Obj, pod: Obj | None, e: MoveError, action: str) -> None:
+        await self._set_status(ck, phase="Failed", message=e.message, blockers=e.blockers, finishedAt=rfc3339())
+        reason = "MoveFailed" if action == "Move" else "CheckpointFailed"
+        await self._event(pod, "Warning", reason, e.message)
+
+    async def _interrupted(self, ck: Obj) -> None:
+        """A Saving Checkpoint nobody is saving: the control plane restarted mid-snapshot."""
+        if self.snapshot_lock.locked():
+            self.queue.add_after(key_of(ck), 1.0)
+            return
+        spec, st = ck.get("spec") or {}, _status(ck)
+        ns = ck["metadata"]["namespace"]
+        pod = await self.client.try_get(PODS, spec.get("podName", ""), ns)
+        if pod is not None and st.get("nodeName") and pod["metadata"]["uid"] == st.get("podUID"):
+            try:
+                await self._thaw(st["nodeName"], ns, pod["metadata"]["name"], container_of(ck, pod))
+            except MoveError:
+                pass
+        await self._fail(ck, pod, MoveError("the snapshot was interrupted (the control plane restarted)"),
+                         spec.get("action", "Save"))
+
+    # --- Moving -> Completed | Failed (rolled back) ---------------------------------------
+    async def _check_move(self, ck: Obj) -> None:
+        st = _status(ck)
+        ns = ck["metadata"]["namespace"]
+        pod = await self.client.try_get(PODS, st.get("newPodName") or ck["spec"]["podName"], ns)
+        if pod is None or pod["metadata"]["uid"] != st.get("newPodUID"):
+            await self._fail(ck, pod, MoveError("the pod was deleted or replaced during the move"), "Move")
+            return
+        container = container_of(ck, pod)
+        state = _container_state(pod, container)
+        if (pod.get("status") or {}).get("phase") == "Running" and "running" in state:
+            await self._complete(ck, pod)
+            return
+        terminated = state.get("terminated")
+        if (pod.get("status") or {}).get("phase") == "Failed" or terminated:
+            why = (terminated or {}).get("message") or (pod.get("status") or {}).get("message") or "the replacement failed"
+            await self._rollback(ck, pod, why)
+            return
+        waited = (_now_ms() - int(st.get("frozenAtMs") or _now_ms())) / 1000
+        if waited >= self.rollback_seconds:
+            await self._rollback(ck, pod, f"the replacement did not run within {self.rollback_seconds:g} s")
+        else:
+            self.queue.add_after(key_of(ck), self.rollback_seconds - waited + 0.1)
+
+    async def _complete(self, ck: Obj, pod: Obj) -> None:
+        st = _status(ck)
+        ms = max(0, _now_ms() - int(st.get("frozenAtMs") or _now_ms()))
+        message = f"moved from {st.get('nodeName')} to {st.get('targetNode')} in {ms} ms from the freeze"
+        await self._drop_annotation(pod)
+        await self._set_status(ck, phase="Completed", message=message, finishedAt=rfc3339(), moveMillis=ms)
+        await self._event(pod, "Normal", "Moved",
+                          f"Moved from {st.get('nodeName')} to {st.get('targetNode')}: running {ms} ms after the freeze")
+
+    async def _replace(self, pod: Obj, node: str | None, checkpoint: str | None) -> Obj:
+        md = pod["metadata"]
+        return await self.client.post_subresource(PODS, md["name"], "replacement",
+                                                  replacement_of(pod, node, checkpoint), md["namespace"],
+                                                  params={"uid": md["uid"]})
+
+    async def _drop_annotation(self, pod: Obj) -> None:
+        if movability.RESTORE_FROM not in (pod["metadata"].get("annotations") or {}):
+            return
+        patch = [{"op": "test", "path": "/metadata/uid", "value": pod["metadata"]["uid"]},
+                 {"op": "remove", "path": "/metadata/annotations/kube32.io~1restore-from"}]
+        try:
+            await self.client.patch(PODS, pod["metadata"]["name"], patch, pod["metadata"]["namespace"], type="json")
+        except ApiError as e:
+            if e.code not in (404, 422):
+                raise
+
+    async def _rollback(self, ck: Obj, pod: Obj, why: str) -> None:
+        st = _status(ck)
+        source = st.get("nodeName")
+        node = next((n for n in self.nodes.list() if n["metadata"]["name"] == source), None)
+        from .scheduler import node_ready
+        back_to = source if node is not None and node_ready(node) else None
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        try:
+            new = await self._replace(pod, back_to, ck["metadata"]["name"])
+        except ApiError as e:
+            if e.code == 409:  # changed meanwhile: look again
+                self.queue.add(key_of(ck))
+                return
+            raise
+        where = f"back to {source}" if back_to else f"to the scheduler ({source} is not Ready)"
+        message = f"rolled back {where}: {why}"
+        await self._set_status(ck, phase="Failed", message=message, finishedAt=rfc3339(),
+                               rollbackPodUID=new["metadata"]["uid"])
+        await self._event(new, "Warning", "MoveFailed", f"Move to {st.get('targetNode')} failed, {message}")
+
+    async def _check_rollback(self, ck: Obj) -> None:
+        """The rolled-back pod restores from the same Checkpoint: a Restored event once it
+        runs; a restore that fails starts it afresh (replaced without the annotation)."""
+        st = _status(ck)
+        ns = ck["metadata"]["namespace"]
+        pod = await self.client.try_get(PODS, ck["spec"]["podName"], ns)
+        if pod is None or pod["metadata"]["uid"] != st.get("rollbackPodUID"):
+            await self._set_status(ck, rollbackDone=True)
+            return
+        state = _container_state(pod, container_of(ck, pod))
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Running" and "running" in state:
+            await self._drop_annotation(pod)
+            await self._set_status(ck, rollbackDone=True)
+            age = max(0, (_now_ms() - int(st.get("frozenAtMs") or _now_ms())) // 1000)
+            await self._event(pod, "Normal", "Restored",
+                              f"Restored from checkpoint {ck['metadata']['name']} (taken {age} s ago) after a failed move")
+        elif phase == "Failed" or state.get("terminated"):
+            await self._replace(pod, pod["spec"].get("nodeName"), None)
+            await self._set_status(ck, rollbackDone=True)
+            await self._event(pod, "Warning", "MoveFailed",
+                              "The rollback could not restore the pod either; it starts afresh")
+
+    # --- retention ----------------------------------------------------------------------
+    async def _retain(self, ck: Obj) -> None:
+        """Finished Checkpoints (other than periodic ones) go an hour after they finished,
+        unless a pod's restore-from still names them."""
+        st = _status(ck)
+        labels = ck["metadata"].get("labels") or {}
+        if labels.get(TRIGGER) == "periodic" or st.get("phase") not in ("Saved", "Completed", "Failed"):
+            return
+        finished = parse_time(st.get("finishedAt") or ck["metadata"].get("creationTimestamp"))
+        if finished is None:
+            return
+        age = time.time() - finished.timestamp()
+        if age < self.retention_seconds:
+            self.queue.add_after(key_of(ck), self.retention_seconds - age + 0.5)
+            return
+        name = ck["metadata"]["name"]
+        ns = ck["metadata"]["namespace"]
+        if any(((p.get("metadata") or {}).get("annotations") or {}).get(movability.RESTORE_FROM) == name
+               and p["metadata"].get("namespace") == ns for p in self.pods.list()):
+            self.queue.add_after(key_of(ck), 30)
+            return
+        try:
+            await self.client.delete(CHECKPOINTS, name, ns, uid=ck["metadata"]["uid"])
+        except ApiError as e:
+            if e.code not in (404, 409):
+                raise
