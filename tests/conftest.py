@@ -115,3 +115,30 @@ def control_plane(tmp_path: Path) -> Iterator[ControlPlane]:
         yield cp
     finally:
         cp.proc.stop()
+
+
+def start_cluster(data_dir: Path, workers: int = 2, *extra: str) -> ControlPlane:
+    """``kube32-sim up --workers N`` as a user runs it; returns once it printed ``cluster ready``.
+
+    The returned ControlPlane's ``proc`` is the ``up`` process (stopping it stops
+    every node); ``data_dir/logs`` holds each node's log."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = start(sim_command("up", "--workers", str(workers), "--data-dir", str(data_dir), "--port", "0", *extra),
+                 data_dir / "up.log")
+    wait_for(lambda: "cluster ready" in proc.output() or proc.popen.poll() is not None, 120,
+             what="kube32-sim up to report the cluster ready")
+    if proc.popen.poll() is not None:
+        logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted((data_dir / "logs").glob("*.log")))
+        raise AssertionError(f"kube32-sim up exited:\n{proc.output()}\n{logs}")
+    return ControlPlane(data_dir, proc, data_dir / "admin.kubeconfig", data_dir / "kubectl-cache")
+
+
+@pytest.fixture(scope="module")
+def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One ``kube32-sim up --workers 2`` cluster shared by a test module (nodes devkit, sim-1, sim-2)."""
+    cluster = start_cluster(tmp_path_factory.mktemp("cluster"), 2, "--backoff", "1")
+    try:
+        yield cluster
+    finally:
+        cluster.proc.stop(timeout=30)
