@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -27,6 +27,7 @@ spec:
   template:
     metadata: {labels: {app: web}}
     spec:
+      nodeSelector: {kube32.io/test-only: "true"}  # no node has it: the test is the only kubelet
       containers:
       - name: c
         image: %(image)s
@@ -202,7 +203,8 @@ def test_replaced_pod_is_still_one_pod(cp: ControlPlane) -> None:
     cp.kubectl("apply", "-f", "-", input=DEPLOYMENT % {"ns": ns, "image": IMAGE})
     pods = wait_for(lambda: len(live(pods_json(cp, ns))) == 3 and live(pods_json(cp, ns)), 20, what="3 pods")
     before = {p["metadata"]["name"] for p in pods}
-    out = replace_pod(cp, pods[0], "sim-2")
+    add_node(cp, core(cp), "move-target", "core")  # pods bound to a missing node are collected
+    out = replace_pod(cp, pods[0], "move-target")
     assert out["metadata"]["uid"] != pods[0]["metadata"]["uid"]
     # Give the controllers a write to react to after the replacement, then look.
     cp.kubectl("annotate", "deployment", "web", "-n", ns, "poke=1")
@@ -222,6 +224,16 @@ metadata:
   labels: {kubernetes.io/hostname: %s, tier: %s}
 """
 
+def add_node(cp: ControlPlane, api, name: str, tier: str) -> None:
+    """A Node that reports Ready (else node lifecycle taints it unreachable, and daemon
+    pods do not tolerate unreachable:NoSchedule, as in Kubernetes)."""
+    cp.kubectl("apply", "-f", "-", input=NODE % (name, name, tier))
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    api.patch_node_status(name, {"status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
+         "lastTransitionTime": now}]}})
+
+
 DAEMONSET = """
 apiVersion: apps/v1
 kind: DaemonSet
@@ -240,8 +252,9 @@ spec:
 
 def test_daemonset_one_pod_per_eligible_node(cp: ControlPlane) -> None:
     create_namespace(cp, "ds")
+    api = core(cp)
     for name, tier in (("ds-a", "edge"), ("ds-b", "edge"), ("ds-core", "core")):
-        cp.kubectl("apply", "-f", "-", input=NODE % (name, name, tier))
+        add_node(cp, api, name, tier)
     cp.kubectl("apply", "-f", "-", input=DAEMONSET % IMAGE)
 
     def targets() -> dict[str, dict]:
@@ -258,7 +271,7 @@ def test_daemonset_one_pod_per_eligible_node(cp: ControlPlane) -> None:
     assert ("node.kubernetes.io/unreachable", "NoExecute") in tolerated
     assert ("node.kubernetes.io/unschedulable", "NoSchedule") in tolerated
 
-    cp.kubectl("apply", "-f", "-", input=NODE % ("ds-c", "ds-c", "edge"))  # joins later
+    add_node(cp, api, "ds-c", "edge")  # joins later
     wait_for(lambda: set(targets()) == {"ds-a", "ds-b", "ds-c"}, 20, what="a pod on the new node")
     ds = wait_for(lambda: (d := json.loads(cp.kubectl("get", "ds", "agent", "-n", "ds", "-o", "json").stdout))
                   ["status"].get("currentNumberScheduled") == 3 and d, 20, what="ds status")
@@ -284,6 +297,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: %s, namespace: svc, labels: {app: web}}
 spec:
+  nodeSelector: {kube32.io/test-only: "true"}
   containers:
   - name: c
     image: %s
