@@ -110,7 +110,9 @@ def start_control_plane(data_dir: Path, *extra: str) -> ControlPlane:
 
 @pytest.fixture
 def control_plane(tmp_path: Path) -> Iterator[ControlPlane]:
-    cp = start_control_plane(tmp_path / "cp")
+    """The API server alone: ``--no-kubelet`` keeps the control plane's own node out of
+    API tests that count or fake nodes (``sim_cluster`` runs real nodes)."""
+    cp = start_control_plane(tmp_path / "cp", "--no-kubelet")
     try:
         yield cp
     finally:
