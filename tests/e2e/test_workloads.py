@@ -37,7 +37,7 @@ spec:
 
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = start_control_plane(tmp_path_factory.mktemp("workloads") / "cp")
+    plane = start_control_plane(tmp_path_factory.mktemp("workloads") / "cp", "--no-kubelet")
     try:
         yield plane
     finally:
