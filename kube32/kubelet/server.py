@@ -85,7 +85,6 @@ def build_app(kubelet: "Kubelet") -> web.Application:
         return await handler(request)
 
     app = web.Application(middlewares=[auth], client_max_size=16 << 20)
-    app["kubelet"] = kubelet
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, _bind(kubelet, handler))
     return app
