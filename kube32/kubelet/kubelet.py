@@ -86,6 +86,7 @@ class Kubelet:
         self._runner: web.AppRunner | None = None
         self._node_dirty = asyncio.Event()
         self._last_free: int | None = None
+        self._transitions: dict[str, tuple[str, str]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.subscribed = asyncio.Event()
 
@@ -120,7 +121,7 @@ class Kubelet:
         try:
             assert self.facts is not None
             await self.client.patch(NODES, self.options.node_name,
-                                    {"status": nodeinfo.node_status(self.facts, self.free_heap(), ready=False)},
+                                    {"status": nodeinfo.node_status(self.facts, self.free_heap(), False, self._transitions)},
                                     subresource="status")
         except (ApiError, AssertionError) as e:
             log.debug("cannot mark the node NotReady: %s", e)
@@ -161,7 +162,7 @@ class Kubelet:
                 "kube32.io/free-heap": str(free)}}})
             self._last_free = free
         await self.client.patch(NODES, self.options.node_name,
-                                {"status": nodeinfo.node_status(self.facts, free)}, subresource="status")
+                                {"status": nodeinfo.node_status(self.facts, free, True, self._transitions)}, subresource="status")
 
     async def _status_loop(self) -> None:
         while True:

@@ -67,13 +67,20 @@ def _resources(f: NodeFacts) -> dict[str, str]:
     return res
 
 
-def node_status(f: NodeFacts, free_heap: int, ready: bool = True) -> dict[str, Any]:
+def node_status(f: NodeFacts, free_heap: int, ready: bool = True,
+                transitions: dict[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+    """``transitions`` (condition type -> (status, since)) is kept by the caller so
+    ``lastTransitionTime`` moves only when a condition's status does."""
     t = now()
     pressure = free_heap < MEMORY_PRESSURE_BYTES
+    seen = transitions if transitions is not None else {}
 
     def cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, str]:
-        return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message,
-                "lastHeartbeatTime": t, "lastTransitionTime": t}
+        status = "True" if ok else "False"
+        if seen.get(type_, ("", ""))[0] != status:
+            seen[type_] = (status, t)
+        return {"type": type_, "status": status, "reason": reason, "message": message,
+                "lastHeartbeatTime": t, "lastTransitionTime": seen[type_][1]}
     return {
         "addresses": [{"type": "InternalIP", "address": f.ip}, {"type": "Hostname", "address": f.name}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": f.port}},

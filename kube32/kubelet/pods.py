@@ -254,7 +254,12 @@ class PodWorker:
 
     async def _status_loop(self) -> None:
         while True:
-            await self._dirty.wait()
+            # Also look once a second: a freeze or thaw by code that did not call the
+            # hook still shows in Ready within about a second.
+            try:
+                await asyncio.wait_for(self._dirty.wait(), 1.0)
+            except TimeoutError:
+                pass
             self._dirty.clear()
             status = self.status()
             if status == self._written:
