@@ -404,7 +404,8 @@ class DeploymentController(Controller):
             "updatedReplicas": _st(new_rs, "replicas") if new_rs else 0,
             "readyReplicas": sum(_st(rs, "readyReplicas") for rs in sets),
             "availableReplicas": available,
-            "unavailableReplicas": max(0, sum(_replicas(rs) for rs in sets) - available, want - available),
+            # As k8s calculateStatus: asked-for pods (all sets) not available, never negative.
+            "unavailableReplicas": max(0, sum(_replicas(rs) for rs in sets) - available),
         }
         if old.get("collisionCount"):
             status["collisionCount"] = old["collisionCount"]

@@ -174,6 +174,18 @@ def test_deployment_rollout_scale_and_self_healing(cp: ControlPlane) -> None:
     wait_for(lambda: len(live(pods_json(cp, ns))) == 2 and rolled_out(deployment(cp, ns), 2), 20,
              what="scaled to 2")
 
+    # kubectl rollout undo goes back to revision 1's template (and its ReplicaSet).
+    cp.kubectl("rollout", "undo", "deployment/web", "-n", ns)
+
+    def undone() -> bool:
+        make_ready(cp, api, ns)
+        pods = live(pods_json(cp, ns))
+        return rolled_out(deployment(cp, ns), 2) and len(pods) == 2 and all(
+            p["spec"]["containers"][0]["image"] == IMAGE for p in pods)
+    wait_for(undone, 30, interval=0.05, what="rollout undo")
+    sets = {r["metadata"]["annotations"]["deployment.kubernetes.io/revision"]: r for r in replica_sets(cp, ns)}
+    assert set(sets) == {"2", "3"} and sets["3"]["metadata"]["labels"]["pod-template-hash"] == h
+
     events = cp.kubectl("get", "events", "-n", ns, "-o", "json").stdout
     reasons = {(e["involvedObject"]["kind"], e["reason"]) for e in json.loads(events)["items"]}
     assert {("Deployment", "ScalingReplicaSet"), ("ReplicaSet", "SuccessfulCreate"),

@@ -364,6 +364,51 @@ def test_deployment_rolls_within_surge_and_unavailability() -> None:
     run(go())
 
 
+def test_deployment_rollback_reuses_the_old_set_and_history_is_limited() -> None:
+    async def go() -> None:
+        api = FakeApi()
+        dc = controller(DeploymentController, api)
+        d = deployment(1, surge=1, unavailable=0)
+        d["spec"]["revisionHistoryLimit"] = 1
+        api.put(DEPLOYMENTS, d)
+
+        async def converge() -> None:
+            for _ in range(6):
+                api.deliver()
+                await dc.sync("default/web")
+                api.deliver()
+                for (p, _), o in list(api.objects.items()):
+                    if p == "replicasets":
+                        set_rs_status(api, o["metadata"]["name"], o["spec"]["replicas"])
+
+        def sets() -> dict[str, Obj]:
+            return {o["spec"]["template"]["spec"]["containers"][0]["image"]: o
+                    for (p, _), o in api.objects.items() if p == "replicasets"}
+
+        def roll_to(image: str):
+            return api.patch(DEPLOYMENTS, "web", {"spec": {"template": deployment(1, image)["spec"]["template"]}},
+                             "default")
+        await converge()
+        await roll_to("wasm://x/v2.wasm")
+        await converge()
+        v1 = sets()["wasm://x/counter.wasm"]["metadata"]["uid"]
+        await roll_to("wasm://x/counter.wasm")  # what kubectl rollout undo writes
+        await converge()
+        now = sets()
+        assert now["wasm://x/counter.wasm"]["metadata"]["uid"] == v1  # the same set, not a new one
+        assert now["wasm://x/counter.wasm"]["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "3"
+        assert now["wasm://x/counter.wasm"]["spec"]["replicas"] == 1 and now["wasm://x/v2.wasm"]["spec"]["replicas"] == 0
+        await roll_to("wasm://x/v3.wasm")
+        await converge()
+        # revisionHistoryLimit 1: of the two idle old sets, only the newest (revision 3) stays.
+        for o in sets().values():
+            if o["spec"]["replicas"] == 0:
+                o["status"] = {"replicas": 0}
+        await converge()
+        assert set(sets()) == {"wasm://x/counter.wasm", "wasm://x/v3.wasm"}
+    run(go())
+
+
 def test_deployment_recreate_waits_for_old_pods() -> None:
     async def go() -> None:
         api = FakeApi()
