@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
-import yaml
 
 from tests.conftest import ControlPlane, start_control_plane, wait_for
 

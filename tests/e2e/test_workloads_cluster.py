@@ -62,3 +62,25 @@ def test_deployment_on_a_real_cluster(sim_cluster: ControlPlane) -> None:
     wait_for(lambda: len(pods(sim_cluster)) == 3 and gone not in {p["metadata"]["name"] for p in pods(sim_cluster)},
              60, what="a replacement pod")
     sim_cluster.kubectl("rollout", "status", "deployment/web", "--timeout=90s", timeout=100)
+
+
+def test_daemonset_on_a_real_cluster(sim_cluster: ControlPlane) -> None:
+    image = push(sim_cluster, COUNTER)
+    sim_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
+         "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                  "template": {"metadata": {"labels": {"app": "agent"}},
+                               "spec": {"containers": [{"name": "main", "image": image}]}}}}))
+    nodes = json.loads(sim_cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    eligible = {n["metadata"]["name"] for n in nodes
+                if not any(t["effect"] in ("NoSchedule", "NoExecute") and not t["key"].startswith("node.kubernetes.io/")
+                           for t in n["spec"].get("taints") or [])}
+    assert len(eligible) >= 2
+
+    def status() -> dict:
+        return json.loads(sim_cluster.kubectl("get", "ds", "agent", "-o", "json").stdout).get("status") or {}
+    wait_for(lambda: status().get("numberReady") == len(eligible) == status().get("desiredNumberScheduled"), 60,
+             what="a Ready daemon pod on every node")
+    items = json.loads(sim_cluster.kubectl("get", "pods", "-l", "app=agent", "-o", "json").stdout)["items"]
+    assert sorted(p["spec"]["nodeName"] for p in items) == sorted(eligible)
+    sim_cluster.kubectl("rollout", "status", "daemonset/agent", "--timeout=60s", timeout=70)
