@@ -120,7 +120,11 @@ def test_counter_pod_serves_ticks_hears_events_and_logs(sim_cluster: ControlPlan
     stamped = sim_cluster.kubectl("logs", "counter", "--timestamps", "--tail=1").stdout.strip()
     assert stamped.endswith("counter: init") and stamped[:4].isdigit() and "T" in stamped.split()[0]
 
+    follower = sim_cluster.kubectl_bg("logs", "-f", "counter")
+    time.sleep(0.5)
     sim_cluster.kubectl("delete", "pod", "counter", "--wait=true", timeout=30)
+    out_f, _ = follower.communicate(timeout=15)   # the follow ends when the pod stops
+    assert "counter: init" in out_f
     assert sim_cluster.kubectl("get", "pod", "counter", check=False).returncode != 0
 
 

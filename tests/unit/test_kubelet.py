@@ -196,6 +196,21 @@ async def test_kubelets_key_pods_by_uid_across_a_replacement_and_delete(tmp_path
         after = await admin.get(PODS, "c", "default")
         assert after["metadata"]["uid"] == new_uid and after["spec"]["nodeName"] == "unit-b"
 
+        # A command pod that returns completes; restartPolicy Never leaves it Succeeded.
+        import wasmtime
+        job_image = cp.server.images.put(wasmtime.wat2wasm(
+            '(module (memory (export "memory") 1) (func (export "_start")))'))["reference"]
+        await admin.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "job", "namespace": "default"},
+                                  "spec": {"nodeName": "unit-b", "restartPolicy": "Never",
+                                           "containers": [{"name": "main", "image": job_image}]}})
+
+        async def succeeded() -> dict | None:
+            p = await admin.get(PODS, "job", "default")
+            return p if (p.get("status") or {}).get("phase") == "Succeeded" else None
+        job = await _until(succeeded, what="the command pod to succeed")
+        term = job["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert term["reason"] == "Completed" and term["exitCode"] == 0
+
         # The module store refuses what is too big, naming the limit.
         async with admin.request("POST", "/apis/kube32.io/v1/images", data=b"\0asm\1\0\0\0" + bytes(9 << 20)) as r:
             assert r.status == 413 and "limit of 8388608 bytes" in (await r.json())["message"]
@@ -204,7 +219,7 @@ async def test_kubelets_key_pods_by_uid_across_a_replacement_and_delete(tmp_path
         await admin.delete(PODS, "c", "default")
 
         async def gone() -> bool:
-            return await admin.try_get(PODS, "c", "default") is None and not b.workers
+            return await admin.try_get(PODS, "c", "default") is None and new_uid not in b.workers
         await _until(gone, what="the pod to be stopped and deleted")
     finally:
         for kl in kubelets:
