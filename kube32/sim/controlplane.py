@@ -108,15 +108,16 @@ class ControlPlane:
 
 
 async def run_control_plane(opts: ControlPlaneOptions) -> int:
+    # Handlers first: a signal that arrives while starting still stops cleanly.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     cp = ControlPlane(opts)
     await cp.start()
     print(f"kube32 control plane listening on {cp.url}", flush=True)
     print(f"kubeconfig: {cp.kubeconfig}", flush=True)
     print(f"try: kubectl --kubeconfig {cp.kubeconfig} get nodes,pods", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     print("kube32 control plane stopping", flush=True)
     await cp.stop()

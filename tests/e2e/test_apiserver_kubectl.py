@@ -37,6 +37,10 @@ spec:
         env: %s
 """
 
+NODE_INFO = {k: "" for k in ("architecture", "bootID", "containerRuntimeVersion", "kernelVersion",
+                             "kubeProxyVersion", "kubeletVersion", "machineID", "operatingSystem",
+                             "osImage", "systemUUID")}
+
 CHECKPOINT = """
 apiVersion: kube32.io/v1
 kind: Checkpoint
@@ -241,6 +245,10 @@ def test_requests_without_a_token_are_refused(control_plane: ControlPlane) -> No
 def test_pod_replacement_is_one_write_with_a_new_uid(control_plane: ControlPlane) -> None:
     """What a move does: same name, new uid, new node, and watchers filtered by node see it move."""
     cp = control_plane
+    from kubernetes import client as k8s
+    for node in ("sim-1", "sim-2"):  # pods bound to nodes that do not exist are garbage
+        k8s.CoreV1Api(cp.client()).create_node({"metadata": {"name": node}, "status": {
+            "conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": NODE_INFO}})
     apply(cp, POD.replace("spec:\n", "spec:\n  nodeName: sim-1\n"))
     old = json.loads(cp.kubectl("get", "pod", "web-1", "-o", "json").stdout)
     api = cp.client()
