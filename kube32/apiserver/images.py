@@ -83,8 +83,14 @@ def module_exports(data: bytes) -> list[dict[str, str]]:
 
 class ImageStore:
     def __init__(self, directory: Path | None) -> None:
-        self.directory = directory or Path(tempfile.mkdtemp(prefix="kube32-images-"))
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._directory = directory   # None: a temporary directory, made at the first upload
+
+    @property
+    def directory(self) -> Path:
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="kube32-images-"))
+        self._directory.mkdir(parents=True, exist_ok=True)
+        return self._directory
 
     def path(self, sha256: str) -> Path:
         return self.directory / f"{sha256}.wasm"

@@ -83,6 +83,7 @@ class Kubelet:
         self.node_uid: str | None = None
         self._stopping: set[str] = set()
         self._tasks: list[asyncio.Task] = []
+        self._background: set[asyncio.Task] = set()   # strong refs: the loop keeps only weak ones
         self._runner: web.AppRunner | None = None
         self._node_dirty = asyncio.Event()
         self._last_free: int | None = None
@@ -116,6 +117,7 @@ class Kubelet:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.informer.stop()
+        await asyncio.gather(*self._background, return_exceptions=True)
         await asyncio.gather(*(w.stop() for w in list(self.workers.values())), return_exceptions=True)
         self.workers.clear()
         try:
@@ -202,19 +204,24 @@ class Kubelet:
         for uid, worker in list(self.workers.items()):
             if uid not in desired and uid not in self._stopping:
                 self._stopping.add(uid)
-                asyncio.create_task(self._stop_worker(worker, delete=False))
+                self._spawn(self._stop_worker(worker))
         for uid, pod in desired.items():
             worker = self.workers.get(uid)
             if pod["metadata"].get("deletionTimestamp"):
                 if uid not in self._stopping:
                     self._stopping.add(uid)
-                    asyncio.create_task(self._terminate(pod, worker))
+                    self._spawn(self._terminate(pod, worker))
             elif worker is not None:
                 worker.update(pod)
             elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and uid not in self._stopping:
                 self.workers[uid] = PodWorker(self, pod)
 
-    async def _stop_worker(self, worker: PodWorker, delete: bool) -> None:
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _stop_worker(self, worker: PodWorker) -> None:
         worker.terminating = True
         try:
             await worker.stop()
@@ -255,7 +262,7 @@ class Kubelet:
         source = f"pod/{worker.uid}" if worker is not None else ""
         assert self.loop is not None
         self.loop.call_soon_threadsafe(
-            lambda: asyncio.ensure_future(self.publish_async(pod.config.namespace, topic, payload, source)))
+            lambda: self._spawn(self.publish_async(pod.config.namespace, topic, payload, source)))
 
     # --- topics ------------------------------------------------------------------------
     async def publish_async(self, ns: str, topic: str, payload: bytes, source: str = "") -> None:

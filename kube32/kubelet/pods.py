@@ -177,7 +177,7 @@ class PodWorker:
 
     def _crashed(self, message: str, started_at: str | None = None) -> str:
         self._terminated(1, "Error", message, started_at)
-        asyncio.get_running_loop().create_task(self.kl.events.record(self.pod, "Warning", "BackOff", message))
+        self.kl._spawn(self.kl.events.record(self.pod, "Warning", "BackOff", message))
         if self.policy == "Never":
             self.phase = "Failed"
             self.changed()
