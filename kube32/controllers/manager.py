@@ -15,6 +15,16 @@ log = logging.getLogger("kube32.controllers")
 # Controller classes, in start order (filled as controllers land).
 CONTROLLERS: list[type[Controller]] = []
 
+# Scheduling, node health, garbage collection, namespaces, disruption budgets.
+from .disruption import DisruptionController  # noqa: E402
+from .garbagecollector import GarbageCollector  # noqa: E402
+from .namespace import NamespaceController  # noqa: E402
+from .nodelifecycle import NodeLifecycle  # noqa: E402
+from .podgc import PodGC  # noqa: E402
+from .scheduler import Scheduler  # noqa: E402
+
+CONTROLLERS += [Scheduler, NodeLifecycle, PodGC, GarbageCollector, NamespaceController, DisruptionController]
+
 from .replicaset import ReplicaSetController  # noqa: E402 - registered right after the list
 from .deployment import DeploymentController  # noqa: E402
 from .daemonset import DaemonSetController  # noqa: E402

@@ -1,0 +1,212 @@
+"""``POST pods/<name>/eviction``: PodDisruptionBudgets, then what an allowed eviction does.
+
+After Kubernetes' eviction REST (``pkg/registry/core/pod/storage/eviction.go``):
+
+* A pod that is not running yet or any more (Pending, Succeeded, Failed) or is
+  already being deleted is evicted without looking at budgets.
+* Otherwise every PodDisruptionBudget of the namespace whose selector matches
+  the pod is consulted (more than one: 500, as Kubernetes).  The budget is computed
+  here from the pods as they are *now* (:func:`budget_status`, the same function
+  the disruption controller writes into ``status``), under a lock, so two
+  evictions at once cannot both take the last allowed disruption.
+* A budget with no disruption left refuses with 429 TooManyRequests "Cannot evict
+  pod as it would violate the pod's disruption budget." and a cause naming the
+  budget (kubectl drain prints it and retries every 5 s).  A pod that is not
+  Ready may go while the budget is met (``unhealthyPodEvictionPolicy``
+  IfHealthyBudget, the default; AlwaysAllow lets it go always).
+* An allowed eviction goes through :meth:`EvictionHandler.carry_out`, the one
+  place that decides what an eviction does: today the pod is deleted as a DELETE
+  with the Eviction's deleteOptions would (graceful for bound pods).  The
+  migration feature extends that method to move movable pods instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from . import errors, meta
+from .registry import Registry
+from .resources import by_plural
+from .selectors import selector_from_match
+
+Obj = dict[str, Any]
+
+VIOLATION = "Cannot evict pod as it would violate the pod's disruption budget."
+
+
+# --- budgets (pure) ---------------------------------------------------------------
+
+def pdb_selects(pdb: Obj, pod: Obj) -> bool:
+    """policy/v1: a null selector selects nothing, an empty one every pod of the namespace."""
+    selector = (pdb.get("spec") or {}).get("selector")
+    if selector is None or meta.namespace_of(pdb) != meta.namespace_of(pod):
+        return False
+    try:
+        return selector_from_match(selector).matches(meta.labels_of(pod))
+    except (KeyError, TypeError, errors.APIError):
+        return False
+
+
+def pod_ready(pod: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [] if isinstance(c, dict))
+
+
+def pod_healthy(pod: Obj) -> bool:
+    return not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_ready(pod)
+
+
+def int_or_percent(value: Any, total: int) -> int:
+    """An IntOrString against ``total``: "50%" rounds up, as Kubernetes' budgets do."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid value {value!r}: must be an integer or a percentage")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if text.endswith("%"):
+        try:
+            return math.ceil(int(text[:-1]) * total / 100)
+        except ValueError:
+            pass
+    else:
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    raise ValueError(f"invalid value {value!r}: must be an integer or a percentage")
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    expected_pods: int
+    current_healthy: int
+    desired_healthy: int
+    disruptions_allowed: int
+
+    def as_status(self) -> Obj:
+        return {"expectedPods": self.expected_pods, "currentHealthy": self.current_healthy,
+                "desiredHealthy": self.desired_healthy, "disruptionsAllowed": self.disruptions_allowed}
+
+
+def expected_count(pods: list[Obj], scale_of: dict[str, int]) -> int:
+    """How many pods the budget protects: each controller's desired count (``scale_of``,
+    by controller uid) once, each pod without a known controller as one."""
+    seen: set[str] = set()
+    total = 0
+    for pod in pods:
+        ctrl = next((r for r in (pod.get("metadata") or {}).get("ownerReferences") or []
+                     if isinstance(r, dict) and r.get("controller")), None)
+        uid = ctrl.get("uid") if ctrl else None
+        if uid and uid in scale_of:
+            if uid not in seen:
+                seen.add(uid)
+                total += scale_of[uid]
+        else:
+            total += 1
+    return total
+
+
+def budget_status(pdb: Obj, pods: list[Obj], scale_of: dict[str, int] | None = None) -> BudgetStatus:
+    """The budget over the pods it selects (``pods`` may hold others: they are filtered).
+    Raises ValueError naming a bad minAvailable/maxUnavailable."""
+    mine = [p for p in pods if pdb_selects(pdb, p)
+            and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    healthy = sum(1 for p in mine if pod_healthy(p))
+    spec = pdb.get("spec") or {}
+    if spec.get("maxUnavailable") is not None:
+        expected = expected_count(mine, scale_of or {})
+        desired = max(0, expected - int_or_percent(spec["maxUnavailable"], expected))
+    elif spec.get("minAvailable") is not None:
+        value = spec["minAvailable"]
+        expected = expected_count(mine, scale_of or {}) if isinstance(value, str) and value.strip().endswith("%") else len(mine)
+        desired = int_or_percent(value, expected)
+    else:
+        expected, desired = len(mine), len(mine)
+    return BudgetStatus(expected, healthy, desired, max(0, healthy - desired))
+
+
+# --- the handler ------------------------------------------------------------------
+
+def _success() -> web.Response:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+    return web.Response(body=json.dumps(body).encode(), status=201, content_type="application/json")
+
+
+def violation(pdb_name: str, status: BudgetStatus) -> errors.APIError:
+    err = errors.too_many_requests(VIOLATION)
+    err.details = {"causes": [{"reason": "DisruptionBudget",
+                               "message": f"The disruption budget {pdb_name} needs {status.desired_healthy} "
+                                          f"healthy pods and has {status.current_healthy} currently"}]}
+    return err
+
+
+class EvictionHandler:
+    """Installed as ``APIServer.eviction_handler``: (request, target, Eviction body) -> response."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._lock = asyncio.Lock()  # one eviction decision at a time: budgets are read-then-act
+
+    async def __call__(self, request: web.Request, t: Any, body: Obj) -> web.StreamResponse:
+        dry_run = "All" in request.query.getall("dryRun", [])
+        options = body.get("deleteOptions") or {}
+        if not isinstance(options, dict):
+            raise errors.bad_request("deleteOptions must be an object")
+        async with self._lock:
+            pod = await self.registry.get(t.res, t.namespace, t.name)
+            await self.check_budgets(pod)
+            await self.carry_out(pod, options, dry_run)
+        return _success()
+
+    async def check_budgets(self, pod: Obj) -> None:
+        """Raise 429 when a budget forbids evicting ``pod`` now."""
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        if (pod.get("status") or {}).get("phase") in ("Pending", "Succeeded", "Failed"):
+            return
+        ns = meta.namespace_of(pod)
+        pdbs, _ = await self.registry.list(by_plural("poddisruptionbudgets"), ns)
+        mine = [p for p in pdbs if pdb_selects(p, pod)]
+        if not mine:
+            return
+        if len(mine) > 1:
+            raise errors.internal("This pod has more than one PodDisruptionBudget, which the eviction "
+                                  "subresource does not support.")
+        pdb = mine[0]
+        pods, _ = await self.registry.list(by_plural("pods"), ns)
+        try:
+            status = budget_status(pdb, pods, await self._scales(ns))
+        except ValueError as e:
+            raise errors.internal(f"the disruption budget {meta.name_of(pdb)} is invalid: {e}") from None
+        if not pod_ready(pod):
+            policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy") or "IfHealthyBudget"
+            if policy == "AlwaysAllow" or status.current_healthy >= status.desired_healthy:
+                return
+        if status.disruptions_allowed <= 0:
+            raise violation(meta.name_of(pdb), status)
+
+    async def _scales(self, ns: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for plural in ("replicasets", "deployments"):
+            items, _ = await self.registry.list(by_plural(plural), ns)
+            for obj in items:
+                out[obj["metadata"].get("uid", "")] = int((obj.get("spec") or {}).get("replicas", 1) or 0)
+        items, _ = await self.registry.list(by_plural("daemonsets"), ns)
+        for obj in items:
+            out[obj["metadata"].get("uid", "")] = int((obj.get("status") or {}).get("desiredNumberScheduled", 0) or 0)
+        return out
+
+    async def carry_out(self, pod: Obj, options: Obj, dry_run: bool) -> None:
+        """What an allowed eviction does: delete the pod as DELETE with these options would.
+
+        The one place the migration feature extends ("move instead of delete")."""
+        if (pod.get("metadata") or {}).get("uid") and not (options.get("preconditions") or {}).get("uid"):
+            options = {**options, "preconditions": {**(options.get("preconditions") or {}),
+                                                    "uid": pod["metadata"]["uid"]}}
+        await self.registry.delete(by_plural("pods"), meta.namespace_of(pod), meta.name_of(pod),
+                                   options=options, dry_run=dry_run)

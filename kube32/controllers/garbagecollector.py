@@ -1,0 +1,205 @@
+"""The garbage collector: ownerReferences cascade, as Kubernetes' garbage collector.
+
+Design: one informer per covered kind keeps an index of every object by uid and
+of dependents by owner uid (owners are identified by uid only: a same-name
+replacement with a new uid is another owner).  Two kinds of work-queue key:
+
+* ``("dependent", plural, key)``: does each owner still exist?  An owner missing
+  from the index is checked against the API (the caches of two kinds can lag
+  each other: a pod may be seen before its new ReplicaSet).  All owners gone ->
+  delete the dependent (background, uid precondition); some gone -> drop the
+  dangling references.
+* ``("owner", plural, key)``: an object being deleted that carries a GC finalizer.
+  ``orphan``: remove the references to it from its dependents, then the
+  finalizer.  ``foregroundDeletion``: delete its dependents (foreground again for
+  those that own others), wait until no dependent with ``blockOwnerDeletion``
+  remains, then remove the finalizer (the API server then removes the object).
+
+Every step is idempotent and re-derived from the current state.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..client import (CHECKPOINTS, CONFIGMAPS, DAEMONSETS, DEPLOYMENTS, ENDPOINTS, ENDPOINTSLICES,
+                      PODS, REPLICASETS, SECRETS, SERVICES, ApiError, Kind)
+from ..client.kinds import by_api_kind
+from .base import Controller, key_of, split_key
+
+log = logging.getLogger("kube32.garbagecollector")
+Obj = dict[str, Any]
+
+COVERED: tuple[Kind, ...] = (PODS, REPLICASETS, DEPLOYMENTS, DAEMONSETS, SERVICES, ENDPOINTS,
+                             ENDPOINTSLICES, CONFIGMAPS, SECRETS, CHECKPOINTS)
+ORPHAN = "orphan"
+FOREGROUND = "foregroundDeletion"
+
+
+def owner_refs(obj: Obj) -> list[Obj]:
+    return [r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if isinstance(r, dict)]
+
+
+def gc_finalizers(obj: Obj) -> set[str]:
+    return set((obj.get("metadata") or {}).get("finalizers") or []) & {ORPHAN, FOREGROUND}
+
+
+class GarbageCollector(Controller):
+    name = "garbage-collector-controller"
+    workers = 4
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.informers = {k.plural: ctx.informers.get(k) for k in COVERED}
+        self.kinds = {k.plural: k for k in COVERED}
+        self.by_uid: dict[str, tuple[str, str]] = {}                  # uid -> (plural, key)
+        self.dependents: dict[str, set[tuple[str, str]]] = {}         # owner uid -> {(plural, key)}
+        self._owners_of: dict[tuple[str, str], set[str]] = {}         # (plural, key) -> owner uids
+
+    def setup(self) -> None:
+        for plural, inf in self.informers.items():
+            inf.add_handler(lambda etype, obj, old, plural=plural: self._on_event(plural, etype, obj))
+
+    # --- the graph ------------------------------------------------------------
+    def _on_event(self, plural: str, etype: str, obj: Obj) -> None:
+        key = key_of(obj)
+        uid = (obj.get("metadata") or {}).get("uid", "")
+        node = (plural, key)
+        for owner in self._owners_of.pop(node, set()):
+            deps = self.dependents.get(owner)
+            if deps is not None:
+                deps.discard(node)
+                if not deps:
+                    self.dependents.pop(owner, None)
+        if etype == "DELETED":
+            if self.by_uid.get(uid) == node:
+                self.by_uid.pop(uid, None)
+            for dep in list(self.dependents.get(uid, ())):
+                self.queue.add(("dependent", *dep))
+        else:
+            self.by_uid[uid] = node
+            owners = {r.get("uid", "") for r in owner_refs(obj)}
+            if owners:
+                self._owners_of[node] = owners
+                for o in owners:
+                    self.dependents.setdefault(o, set()).add(node)
+                self.queue.add(("dependent", plural, key))
+            if (obj.get("metadata") or {}).get("deletionTimestamp") and gc_finalizers(obj):
+                self.queue.add(("owner", plural, key))
+        # A dependent that changed or went may be what a foreground deletion waits for.
+        for r in owner_refs(obj):
+            owner = self.by_uid.get(r.get("uid", ""))
+            if owner is not None:
+                self.queue.add(("owner", *owner))
+
+    def _cached(self, plural: str, key: str) -> Obj | None:
+        return self.informers[plural].get(key)
+
+    async def _owner_exists(self, dependent: Obj, ref: Obj) -> bool:
+        uid = ref.get("uid", "")
+        if uid in self.by_uid:
+            return True
+        kind = by_api_kind(ref.get("apiVersion", ""), ref.get("kind", ""))
+        if kind is None:
+            return True  # a kind this collector cannot look up is never judged absent
+        ns = (dependent.get("metadata") or {}).get("namespace") if kind.namespaced else None
+        try:
+            found = await self.client.try_get(kind, ref.get("name", ""), ns)
+        except ApiError as e:
+            if e.code in (400, 403):
+                return False  # a reference the API cannot resolve (bad name) has no owner behind it
+            raise
+        return found is not None and (found.get("metadata") or {}).get("uid") == uid
+
+    # --- sync -------------------------------------------------------------------
+    async def sync(self, key: Any) -> None:
+        role, plural, obj_key = key
+        obj = self._cached(plural, obj_key)
+        if obj is None:
+            return
+        if role == "dependent":
+            await self._sync_dependent(plural, obj)
+        else:
+            await self._sync_owner(plural, obj)
+
+    async def _sync_dependent(self, plural: str, obj: Obj) -> None:
+        refs = owner_refs(obj)
+        if not refs:
+            return
+        gone = [r for r in refs if not await self._owner_exists(obj, r)]
+        if not gone:
+            return
+        md = obj["metadata"]
+        kind = self.kinds[plural]
+        if len(gone) == len(refs):
+            if md.get("deletionTimestamp"):
+                return
+            log.info("deleting %s %s/%s: its owner %s %s is gone", kind.kind, md.get("namespace"), md["name"],
+                     gone[0].get("kind"), gone[0].get("name"))
+            try:
+                await self.client.delete(kind, md["name"], md.get("namespace"), uid=md.get("uid"),
+                                         propagation="Background")
+            except ApiError as e:
+                if e.code not in (404, 409):
+                    raise
+            return
+        gone_uids = {r.get("uid") for r in gone}
+        await self._set_owner_refs(kind, obj, [r for r in refs if r.get("uid") not in gone_uids])
+
+    async def _set_owner_refs(self, kind: Kind, obj: Obj, refs: list[Obj]) -> None:
+        md = obj["metadata"]
+        patch = {"metadata": {"resourceVersion": md.get("resourceVersion"), "ownerReferences": refs or None}}
+        try:
+            await self.client.patch(kind, md["name"], patch, md.get("namespace"))
+        except ApiError as e:
+            if e.code != 404:
+                raise  # 409: re-read and try again (the queue retries)
+
+    async def _set_finalizers(self, kind: Kind, obj: Obj, finalizers: list[str]) -> None:
+        md = obj["metadata"]
+        patch = {"metadata": {"resourceVersion": md.get("resourceVersion"), "finalizers": finalizers or None}}
+        try:
+            await self.client.patch(kind, md["name"], patch, md.get("namespace"))
+        except ApiError as e:
+            if e.code != 404:
+                raise
+
+    def _dependents_of(self, uid: str) -> list[tuple[str, Obj]]:
+        out = []
+        for plural, key in sorted(self.dependents.get(uid, ())):
+            dep = self._cached(plural, key)
+            if dep is not None and any(r.get("uid") == uid for r in owner_refs(dep)):
+                out.append((plural, dep))
+        return out
+
+    async def _sync_owner(self, plural: str, obj: Obj) -> None:
+        md = obj["metadata"]
+        if not md.get("deletionTimestamp"):
+            return
+        finalizers = list(md.get("finalizers") or [])
+        uid = md.get("uid", "")
+        kind = self.kinds[plural]
+        if ORPHAN in finalizers:
+            for dep_plural, dep in self._dependents_of(uid):
+                keep = [r for r in owner_refs(dep) if r.get("uid") != uid]
+                await self._set_owner_refs(self.kinds[dep_plural], dep, keep)
+            await self._set_finalizers(kind, obj, [f for f in finalizers if f != ORPHAN])
+            return
+        if FOREGROUND not in finalizers:
+            return
+        blocking = 0
+        for dep_plural, dep in self._dependents_of(uid):
+            dmd = dep["metadata"]
+            if any(r.get("uid") == uid and r.get("blockOwnerDeletion") for r in owner_refs(dep)):
+                blocking += 1
+            if dmd.get("deletionTimestamp"):
+                continue
+            policy = "Foreground" if self.dependents.get(dmd.get("uid", "")) else "Background"
+            try:
+                await self.client.delete(self.kinds[dep_plural], dmd["name"], dmd.get("namespace"),
+                                         uid=dmd.get("uid"), propagation=policy)
+            except ApiError as e:
+                if e.code not in (404, 409):
+                    raise
+        if blocking == 0:
+            await self._set_finalizers(kind, obj, [f for f in finalizers if f != FOREGROUND])

@@ -1,0 +1,84 @@
+"""Namespace deletion: empty a terminating namespace, then finalize it.
+
+A deleted namespace keeps a deletionTimestamp and phase Terminating while its
+``spec.finalizers`` holds ``kubernetes``.  This controller deletes every object of
+every namespaced kind in it (read from the API, not a cache: the namespace must
+really be empty), waits until nothing is left (bound pods go when their kubelet
+confirms; PodGC force-deletes those on lost nodes), then
+``PUT namespaces/<n>/finalize`` with no finalizers, which removes the namespace.
+While objects remain, the key comes back after a short delay.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..client import NAMESPACES, ApiError, Kind
+from ..client.kinds import ALL
+from .base import Controller
+
+log = logging.getLogger("kube32.namespace")
+Obj = dict[str, Any]
+
+NAMESPACED: tuple[Kind, ...] = tuple(k for k in ALL if k.namespaced)
+RECHECK_SECONDS = 0.5
+
+
+class NamespaceController(Controller):
+    name = "namespace-controller"
+    workers = 2
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.namespaces = ctx.informers.get(NAMESPACES)
+
+    def setup(self) -> None:
+        self.namespaces.add_handler(self._on_namespace)
+
+    def _on_namespace(self, etype: str, ns: Obj, _old: Obj | None) -> None:
+        if etype != "DELETED" and (ns.get("metadata") or {}).get("deletionTimestamp"):
+            self.queue.add(ns["metadata"]["name"])
+
+    async def resync(self) -> None:
+        for ns in self.namespaces.list():
+            self._on_namespace("MODIFIED", ns, None)
+
+    async def sync(self, key: Any) -> None:
+        name = str(key)
+        ns = await self.client.try_get(NAMESPACES, name)
+        if ns is None or not ns["metadata"].get("deletionTimestamp"):
+            return
+        remaining = await self.delete_contents(name)
+        if remaining:
+            log.debug("namespace %s: waiting for %s", name, ", ".join(remaining))
+            self.queue.add_after(name, RECHECK_SECONDS)
+            return
+        if (ns.get("spec") or {}).get("finalizers"):
+            ns["spec"]["finalizers"] = []
+            try:
+                await self.client.update(NAMESPACES, ns, subresource="finalize")
+                log.info("namespace %s is empty and finalized", name)
+            except ApiError as e:
+                if e.code != 404:
+                    raise
+
+    async def delete_contents(self, namespace: str) -> list[str]:
+        """Delete what is in the namespace; returns what is still there ("3 pods", ...)."""
+        remaining = []
+        for kind in NAMESPACED:
+            items, _ = await self.client.list(kind, namespace)
+            for obj in items:
+                md = obj.get("metadata") or {}
+                if md.get("deletionTimestamp"):
+                    continue  # on its way out (a kubelet or a finalizer finishes it)
+                try:
+                    await self.client.delete(kind, md["name"], namespace, uid=md.get("uid"),
+                                             propagation="Background")
+                except ApiError as e:
+                    if e.code not in (404, 409):
+                        raise
+            if items:
+                items, _ = await self.client.list(kind, namespace)
+                if items:
+                    remaining.append(f"{len(items)} {kind.plural}")
+        return remaining

@@ -1,0 +1,274 @@
+"""Node lifecycle: node health from Leases, NoExecute taints, evictions from lost nodes.
+
+After Kubernetes' ``node_lifecycle_controller.go`` and its taint manager:
+
+* A node's heartbeat is its Lease in ``kube-node-lease`` (``spec.renewTime``)
+  and its Ready condition's ``lastHeartbeatTime``.  The controller notes *its
+  own* clock when either changes (as Kubernetes' probe timestamps do), so clock
+  skew between kubelet and control plane does not matter; a node first seen
+  counts as heard from then.
+* Not heard from for ``node_monitor_grace_seconds``: its conditions (Ready,
+  MemoryPressure, ...) turn Unknown with reason NodeStatusUnknown, "Kubelet
+  stopped posting node status.", its pods turn not Ready, and a NodeNotReady event
+  is recorded.
+* Taints follow the Ready condition: Unknown -> ``node.kubernetes.io/unreachable``,
+  False -> ``node.kubernetes.io/not-ready``, each with NoSchedule and NoExecute;
+  Ready again -> both gone.  Other taints are never touched.
+* A pod on a node with a NoExecute taint goes after its toleration period:
+  ``tolerationSeconds`` of a matching toleration (a matching toleration without
+  it: never), else, for the two taints above, ``pod_eviction_timeout_seconds``
+  (Kubernetes' DefaultTolerationSeconds), else at once.  The period counts from
+  the taint's ``timeAdded``.  :meth:`NodeLifecycle.evict_from_lost_node` is the
+  one place that removes such a pod (the migration feature restores it from a
+  checkpoint there instead).
+
+Work-queue keys are node names; a periodic monitor re-adds every node.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+from ..client import LEASES, NODES, PODS, ApiError
+from .base import Controller
+from .scheduler import condition_status, toleration_matches
+
+log = logging.getLogger("kube32.nodelifecycle")
+Obj = dict[str, Any]
+
+LEASE_NAMESPACE = "kube-node-lease"
+UNREACHABLE = "node.kubernetes.io/unreachable"
+NOT_READY = "node.kubernetes.io/not-ready"
+LIFECYCLE_TAINT_KEYS = (UNREACHABLE, NOT_READY)
+UNKNOWN_REASON = "NodeStatusUnknown"
+UNKNOWN_MESSAGE = "Kubelet stopped posting node status."
+NEVER_MESSAGE = "Kubelet never posted node status."
+
+
+def rfc3339(t: float | None = None) -> str:
+    when = dt.datetime.fromtimestamp(t, dt.timezone.utc) if t is not None else dt.datetime.now(dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def desired_lifecycle_taints(ready: str | None) -> set[tuple[str, str]]:
+    key = {"Unknown": UNREACHABLE, None: UNREACHABLE, "False": NOT_READY}.get(ready)
+    return {(key, "NoSchedule"), (key, "NoExecute")} if key else set()
+
+
+def with_lifecycle_taints(taints: list[Obj], ready: str | None, now: float) -> list[Obj] | None:
+    """The node's taints with the lifecycle taints that its Ready condition calls for, or
+    None when they are already right.  Kept taints keep their timeAdded."""
+    want = desired_lifecycle_taints(ready)
+    have = {(t.get("key"), t.get("effect")) for t in taints if t.get("key") in LIFECYCLE_TAINT_KEYS}
+    if have == want:
+        return None
+    out = [t for t in taints if t.get("key") not in LIFECYCLE_TAINT_KEYS or (t.get("key"), t.get("effect")) in want]
+    for key, effect in sorted(want - have):
+        taint: Obj = {"key": key, "effect": effect}
+        if effect == "NoExecute":
+            taint["timeAdded"] = rfc3339(now)
+        out.append(taint)
+    return out
+
+
+def toleration_seconds(pod: Obj, taint: Obj, default_seconds: float) -> float | None:
+    """How long the pod stays on a node with this NoExecute taint; None = for ever."""
+    matching = [t for t in (pod.get("spec") or {}).get("tolerations") or []
+                if isinstance(t, dict) and toleration_matches(t, taint)]
+    if matching:
+        limits = [t.get("tolerationSeconds") for t in matching]
+        if any(s is None for s in limits):
+            return None
+        return float(max(0, min(int(s) for s in limits)))
+    return default_seconds if taint.get("key") in LIFECYCLE_TAINT_KEYS else 0.0
+
+
+def eviction_deadline(pod: Obj, taints: list[Obj], default_seconds: float, now: float) -> float | None:
+    """When the pod must go (wall clock), None = never: the earliest over NoExecute taints."""
+    deadline = None
+    for taint in taints:
+        if taint.get("effect") != "NoExecute":
+            continue
+        seconds = toleration_seconds(pod, taint, default_seconds)
+        if seconds is None:
+            continue
+        added = parse_time(taint.get("timeAdded")) or now
+        at = added + seconds
+        deadline = at if deadline is None else min(deadline, at)
+    return deadline
+
+
+class NodeLifecycle(Controller):
+    name = "node-controller"
+    workers = 2
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.nodes = ctx.informers.get(NODES)
+        self.leases = ctx.informers.get(LEASES)
+        self.pods = ctx.informers.get(PODS)
+        self._heard: dict[str, tuple[tuple, float]] = {}  # node -> (heartbeat marks, monotonic when they changed)
+        self._evicting: set[str] = set()                  # pod uids already handed to evict_from_lost_node
+
+    def setup(self) -> None:
+        self.nodes.add_handler(lambda _t, node, _o: self.queue.add(node["metadata"]["name"]))
+        self.leases.add_handler(self._on_lease)
+        self.pods.add_handler(self._on_pod)
+
+    def _on_lease(self, _t: str, lease: Obj, _o: Obj | None) -> None:
+        md = lease.get("metadata") or {}
+        if md.get("namespace") == LEASE_NAMESPACE:
+            self.queue.add(md.get("name", ""))
+
+    def _on_pod(self, etype: str, pod: Obj, _o: Obj | None) -> None:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if etype != "DELETED" and node:
+            self.queue.add(node)
+
+    async def run(self) -> None:
+        await asyncio.gather(super().run(), self._monitor())
+
+    async def _monitor(self) -> None:
+        while True:
+            for node in self.nodes.list():
+                self.queue.add(node["metadata"]["name"])
+            await asyncio.sleep(self.ctx.options.node_monitor_period_seconds)
+
+    # --- health ---------------------------------------------------------------
+    def _silent_for(self, node: Obj) -> float:
+        """Seconds since this controller last saw the node's heartbeat change."""
+        name = node["metadata"]["name"]
+        lease = self.leases.get(f"{LEASE_NAMESPACE}/{name}") or {}
+        ready = next((c for c in (node.get("status") or {}).get("conditions") or []
+                      if c.get("type") == "Ready"), {})
+        marks = ((lease.get("spec") or {}).get("renewTime"), ready.get("lastHeartbeatTime"))
+        now = time.monotonic()
+        seen = self._heard.get(name)
+        if seen is None or seen[0] != marks:
+            self._heard[name] = (marks, now)
+            return 0.0
+        return now - seen[1]
+
+    async def sync(self, key: Any) -> None:
+        name = str(key)
+        node = self.nodes.get(name)
+        if node is None:
+            self._heard.pop(name, None)
+            return
+        opts = self.ctx.options
+        silent = self._silent_for(node)
+        ready = condition_status(node, "Ready")
+        if silent >= opts.node_monitor_grace_seconds and ready != "Unknown":
+            node = await self._mark_unknown(node)
+            ready = "Unknown"
+        elif ready != "Unknown":
+            # Not overdue yet: look again when it would be.
+            self.queue.add_after(name, opts.node_monitor_grace_seconds - silent + 0.05)
+        node = await self._update_taints(node, ready)
+        await self._evict_pods(node)
+
+    async def _mark_unknown(self, node: Obj) -> Obj:
+        name = node["metadata"]["name"]
+        now = rfc3339()
+        conditions = []
+        old = (node.get("status") or {}).get("conditions") or []
+        for c in old:
+            c = dict(c)
+            if c.get("status") != "Unknown":
+                c["lastTransitionTime"] = now
+            c.update(status="Unknown", reason=UNKNOWN_REASON, message=UNKNOWN_MESSAGE)
+            conditions.append(c)
+        if not any(c.get("type") == "Ready" for c in conditions):
+            conditions.append({"type": "Ready", "status": "Unknown", "reason": UNKNOWN_REASON,
+                               "message": NEVER_MESSAGE, "lastTransitionTime": now})
+        patch = {"metadata": {"resourceVersion": node["metadata"].get("resourceVersion")},
+                 "status": {"conditions": conditions}}
+        out = await self.client.patch(NODES, name, patch, subresource="status")
+        log.info("node %s: no heartbeat for %.0fs, Ready=Unknown", name, self.ctx.options.node_monitor_grace_seconds)
+        await self.recorder.record(node, "Normal", "NodeNotReady", f"Node {name} status is now: NodeNotReady")
+        await self._mark_pods_not_ready(name)
+        return out
+
+    async def _mark_pods_not_ready(self, node_name: str) -> None:
+        for pod in self.pods.list():
+            if (pod.get("spec") or {}).get("nodeName") != node_name or condition_status(pod, "Ready") == "False":
+                continue
+            md = pod["metadata"]
+            cond = {"type": "Ready", "status": "False", "reason": "NodeNotReady",
+                    "lastTransitionTime": rfc3339(), "lastProbeTime": None}
+            try:
+                await self.client.patch(PODS, md["name"], {"status": {"conditions": [cond]}}, md.get("namespace"),
+                                        type="strategic", subresource="status")
+                await self.recorder.record(pod, "Warning", "NodeNotReady", "Node is not ready")
+            except ApiError as e:
+                if e.code != 404:
+                    log.warning("cannot mark pod %s/%s not ready: %s", md.get("namespace"), md["name"], e)
+
+    async def _update_taints(self, node: Obj, ready: str | None) -> Obj:
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        new = with_lifecycle_taints(taints, ready, time.time())
+        if new is None:
+            return node
+        patch = {"metadata": {"resourceVersion": node["metadata"].get("resourceVersion")},
+                 "spec": {"taints": new or None}}
+        return await self.client.patch(NODES, node["metadata"]["name"], patch)
+
+    # --- evictions ------------------------------------------------------------
+    async def _evict_pods(self, node: Obj) -> None:
+        name = node["metadata"]["name"]
+        taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("effect") == "NoExecute"]
+        if not taints:
+            return
+        now = time.time()
+        soonest = None
+        for pod in self.pods.list():
+            md = pod.get("metadata") or {}
+            if (pod.get("spec") or {}).get("nodeName") != name or md.get("uid") in self._evicting:
+                continue
+            if md.get("deletionTimestamp") and condition_status(node, "Ready") != "Unknown":
+                continue  # being deleted; its kubelet confirms it
+            deadline = eviction_deadline(pod, taints, self.ctx.options.pod_eviction_timeout_seconds, now)
+            if deadline is None:
+                continue
+            if deadline > now:
+                soonest = deadline if soonest is None else min(soonest, deadline)
+                continue
+            self._evicting.add(md.get("uid", ""))
+            try:
+                await self.recorder.record(pod, "Normal", "TaintManagerEviction",
+                                           f"Marking for deletion Pod {md.get('namespace')}/{md.get('name')}")
+                await self.evict_from_lost_node(pod, node)
+            finally:
+                self._evicting.discard(md.get("uid", ""))
+        if soonest is not None:
+            self.queue.add_after(name, soonest - now + 0.05)
+
+    async def evict_from_lost_node(self, pod: Obj, node: Obj) -> None:
+        """Remove a pod whose node has a NoExecute taint it no longer tolerates.
+
+        Its owner makes a new pod; Kubernetes deletes ownerless pods too.  A node that
+        stopped answering (Ready Unknown) cannot confirm a graceful deletion, so the pod
+        goes at once (grace 0, as PodGC does); on a node whose kubelet reports NotReady
+        the kubelet stops it.  The migration feature extends this method: a pod with a
+        Saved periodic checkpoint is replaced by one carrying ``kube32.io/restore-from``."""
+        md = pod["metadata"]
+        force = condition_status(node, "Ready") != "False"
+        try:
+            await self.client.delete(PODS, md["name"], md.get("namespace"), uid=md.get("uid"),
+                                     grace_period=0 if force else None)
+            log.info("evicted pod %s/%s from node %s", md.get("namespace"), md["name"], node["metadata"]["name"])
+        except ApiError as e:
+            if e.code not in (404, 409):  # gone already, or replaced (another uid)
+                raise

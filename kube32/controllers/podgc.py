@@ -1,0 +1,82 @@
+"""PodGC: force-deletes pods that no kubelet will ever finish, as Kubernetes' PodGC does.
+
+A bound pod's deletion is graceful: it gets a deletionTimestamp and its kubelet
+deletes it (grace 0) once stopped.  When that kubelet is gone that never happens,
+so this controller deletes with grace 0:
+
+* pods bound to a node that does not exist (checked against the API, not only
+  the cache: a pod may be bound to a node that registered a moment ago);
+* terminating pods on a node that is not Ready (Unknown or False), once their
+  deletion grace period has run out.
+
+It runs every ``node_monitor_period_seconds``; the work-queue key is the pod key.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from ..client import NODES, PODS, ApiError
+from .base import Controller, split_key
+from .nodelifecycle import parse_time
+from .scheduler import condition_status
+
+log = logging.getLogger("kube32.podgc")
+Obj = dict[str, Any]
+
+
+def grace_over(pod: Obj, now: float) -> bool:
+    md = pod.get("metadata") or {}
+    started = parse_time(md.get("deletionTimestamp"))
+    if started is None:
+        return False
+    return now >= started + float(md.get("deletionGracePeriodSeconds") or 0)
+
+
+class PodGC(Controller):
+    name = "pod-garbage-collector"
+    workers = 1
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.pods = ctx.informers.get(PODS)
+        self.nodes = ctx.informers.get(NODES)
+
+    async def run(self) -> None:
+        await asyncio.gather(super().run(), self._scan())
+
+    async def _scan(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctx.options.node_monitor_period_seconds)
+            for pod in self.pods.list():
+                if self._candidate(pod, time.time()):
+                    md = pod["metadata"]
+                    self.queue.add(f"{md.get('namespace')}/{md['name']}")
+
+    def _candidate(self, pod: Obj, now: float) -> bool:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if not node_name:
+            return False
+        node = self.nodes.get(node_name)
+        if node is None:
+            return True
+        return (bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+                and condition_status(node, "Ready") != "True" and grace_over(pod, now))
+
+    async def sync(self, key: Any) -> None:
+        ns, name = split_key(str(key))
+        pod = self.pods.get(str(key))
+        if pod is None or not self._candidate(pod, time.time()):
+            return
+        node_name = pod["spec"]["nodeName"]
+        if self.nodes.get(node_name) is None and await self.client.try_get(NODES, node_name) is not None:
+            return  # the node exists; the cache has not caught up
+        try:
+            await self.client.delete(PODS, name, ns, grace_period=0, uid=pod["metadata"].get("uid"))
+            log.info("force-deleted pod %s on node %s (%s)", key, node_name,
+                     "gone" if self.nodes.get(node_name) is None else "not ready")
+        except ApiError as e:
+            if e.code not in (404, 409):
+                raise
