@@ -10,6 +10,7 @@ import sys
 from typing import Callable
 
 from .image import push_main
+from .move import checkpoint_main, move_main
 from .publish import publish_main
 from .snapshot_inspect import inspect_main
 
@@ -17,6 +18,8 @@ USAGE = """usage: kube32-cli COMMAND [ARGS]
 
 commands:
   snapshot inspect FILE [-o json]   print a K32S snapshot's header and sections, check its trailer
+  move POD [--to NODE] [-n NS]      move a running pod to another node, keeping its state
+  checkpoint POD [-n NS]            save a running pod's state (a Save Checkpoint); it keeps running
   image push FILE [-o json]         upload a Wasm module; prints its kube32.io/wasm-sha256:<hex> image
   publish TOPIC PAYLOAD [-n NS]     publish an event to the pods subscribed to TOPIC
 """
@@ -25,6 +28,8 @@ commands:
 COMMANDS: dict[tuple[str, str], Callable[[list[str]], int]] = {
     ("snapshot", "inspect"): inspect_main,
     ("image", "push"): push_main,
+    ("move", ""): move_main,
+    ("checkpoint", ""): checkpoint_main,
     ("publish", ""): publish_main,
 }
 

@@ -32,6 +32,11 @@ from .endpoints import EndpointsController  # noqa: E402
 
 CONTROLLERS += [ReplicaSetController, DeploymentController, DaemonSetController, EndpointsController]
 
+# Pod migration.
+from .checkpoint import CheckpointController  # noqa: E402
+
+CONTROLLERS += [CheckpointController]
+
 
 class ControllerManager:
     def __init__(self, client: Client, options: ControllerOptions | None = None) -> None:

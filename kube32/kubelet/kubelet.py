@@ -34,6 +34,7 @@ from aiohttp import web
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
 from ..wasm import ChannelRegistry, Pod, Runtime
 from . import node as nodeinfo
+from . import migration
 from .images import ImagePuller
 from .pods import PodWorker
 from .server import build_app
@@ -60,6 +61,7 @@ class KubeletOptions:
     backoff_max: float = 300.0
     call_timeout_ms: int = 10000
     log_lines: int = 1000
+    frozen_max_seconds: float = 300.0    # a pod frozen for a move that never finished thaws
     data_dir: Path | None = None         # image and compiled-code caches
     extra_labels: dict[str, str] = field(default_factory=dict)
 
@@ -109,7 +111,8 @@ class Kubelet:
         self._tasks += [self.informer.start(),
                         asyncio.create_task(self._lease_loop(), name="kubelet-lease"),
                         asyncio.create_task(self._status_loop(), name="kubelet-status"),
-                        asyncio.create_task(self._topic_loop(), name="kubelet-topics")]
+                        asyncio.create_task(self._topic_loop(), name="kubelet-topics"),
+                        asyncio.create_task(migration.thaw_forgotten(self), name="kubelet-thaw")]
         log.info("kubelet %s serving on %s:%d (interp-mops %.2f)", o.node_name, self.ip, self.port, self.interp_mops)
 
     async def stop(self) -> None:

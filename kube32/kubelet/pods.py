@@ -27,9 +27,11 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..client import PODS, ApiError
+from ..movability import RESTORE_FROM
 from ..wasm import ImageError, Pod, PodError
 from .images import PullError, expected_digest
 from .logs import LogBuffer
+from .migration import RestoreError, restore
 from .podspec import ConfigError, pod_config
 
 if TYPE_CHECKING:
@@ -67,6 +69,9 @@ class PodWorker:
         self._dirty = asyncio.Event()
         self._exit: asyncio.Future | None = None
         self._pull_failures = 0
+        self._restore_tried = False
+        self.frozen_since: float | None = None     # monotonic time a checkpoint froze it
+        self.snapshot_digest: tuple[float | None, str] | None = None
         self._task = asyncio.create_task(self._run(), name=f"pod {self.namespace}/{self.name}")
         self._status_task = asyncio.create_task(self._status_loop(), name=f"status {self.namespace}/{self.name}")
         self.changed()
@@ -153,15 +158,28 @@ class PodWorker:
         self.kl.instances[id(instance)] = self
         started_at = now()
         self.phase = "Running"
+        restore_from = self._restore_from()
         try:
-            await asyncio.to_thread(instance.start)
+            if restore_from:
+                await restore(self.kl, instance, self.namespace, restore_from)
+            else:
+                await asyncio.to_thread(instance.start)
+        except RestoreError as e:
+            # Not restarted: a second try would start the pod afresh, losing the state.
+            self._forget_instance()
+            self._terminated(1, "RestoreError", str(e), started_at)
+            self.phase = "Failed"
+            self.changed()
+            await self.kl.events.record(self.pod, "Warning", "RestoreError", str(e))
+            return "done"
         except PodError as e:
             self._forget_instance()
             return self._crashed(str(e), started_at)
         self.started = True
         self.state = {"running": {"startedAt": started_at}}
         self.changed()
-        await self.kl.events.record(self.pod, "Normal", "Started", f"Started container {self.container}")
+        how = f" (restored from checkpoint {restore_from})" if restore_from else ""
+        await self.kl.events.record(self.pod, "Normal", "Started", f"Started container {self.container}{how}")
         code, reason, message = await exit_future
         self._forget_instance()
         self.started = False
@@ -174,6 +192,15 @@ class PodWorker:
         self.restart_count += 1
         self.last_state, self.state = self.state, {}
         return "crash"
+
+    def _restore_from(self) -> str | None:
+        """The Checkpoint to restore from: only the first start of this pod does; a
+        container that restarts later starts afresh with k32_init."""
+        if self._restore_tried:
+            return None
+        self._restore_tried = True
+        name = (self.pod["metadata"].get("annotations") or {}).get(RESTORE_FROM)
+        return name or None
 
     def _crashed(self, message: str, started_at: str | None = None) -> str:
         self._terminated(1, "Error", message, started_at)

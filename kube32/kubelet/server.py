@@ -10,6 +10,7 @@ endpoints of the migration work plug in there):
 * ``/pods/<ns>/<pod>/http/<path>``: one request into the pod's ``k32_handle``;
   a frozen pod answers 503 with ``Retry-After: 1``.
 * ``/containerLogs/<ns>/<pod>/<container>?follow=&tailLines=&timestamps=``.
+* ``/checkpoint/<ns>/<pod>/<container>`` and ``/thaw/...``: see :mod:`.migration`.
 * ``/devices/keyboard?key=K[&namespace=NS]``: a key press on a node with a
   keyboard, published on the topic ``keyboard``.
 * ``/healthz``.
@@ -24,6 +25,7 @@ from aiohttp import web
 
 from ..client import ApiError
 from ..wasm import HttpRequest, PodError, PodFrozen
+from . import migration
 from .logs import format_line
 
 if TYPE_CHECKING:
@@ -180,9 +182,10 @@ async def keyboard(kl: "Kubelet", request: web.Request) -> web.Response:
     return _text(200, f"published key {key!r} on topic keyboard in namespace {ns}")
 
 
-# (method, path, handler): the kubelet API.  Migration endpoints (checkpoint, thaw)
-# are added here by that work.
+# (method, path, handler): the kubelet API.
 ROUTES: list[tuple[str, str, Handler]] = [
+    ("POST", "/checkpoint/{ns}/{pod}/{container}", migration.checkpoint),
+    ("POST", "/thaw/{ns}/{pod}/{container}", migration.thaw),
     ("GET", "/healthz", healthz),
     ("*", "/pods/{ns}/{pod}/http/{path:.*}", pod_http),
     ("GET", "/containerLogs/{ns}/{pod}/{container}", container_logs),

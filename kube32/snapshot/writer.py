@@ -104,19 +104,37 @@ class SnapshotWriter:
                 raise ValueError(f"a section of type {type_} is longer than a u32 length")
         return [section_head(t, len(b)) + b for t, b in bodies]
 
-    def pieces(self) -> Iterator[memoryview]:
-        """The snapshot in order, trailer last.  Memory pieces are slices of
-        the caller's buffer; each is hashed before it is yielded."""
-        digest = hashlib.sha256()
+    def _body(self) -> Iterator[memoryview]:
         head = encode_header(self.header)
         for part in (head, *self._small, section_head(SECTION_MEMORY, self.state.memory_bytes)):
-            digest.update(part)
             yield memoryview(part)
         for offset in range(0, len(self._memory), WRITE_CHUNK):
-            piece = self._memory[offset: offset + WRITE_CHUNK]
-            digest.update(piece)
+            yield self._memory[offset: offset + WRITE_CHUNK]
+
+    def digest(self) -> bytes:
+        """The trailer, computed ahead of writing (for a header such as
+        X-Kube32-Snapshot-Sha256); later writes then send without hashing again.
+        Valid while the memory does not change (a frozen pod)."""
+        if self.sha256 is None:
+            h = hashlib.sha256()
+            for piece in self._body():
+                h.update(piece)
+            self.sha256 = h.digest()
+        return self.sha256
+
+    def pieces(self) -> Iterator[memoryview]:
+        """The snapshot in order, trailer last.  Memory pieces are slices of
+        the caller's buffer; each is hashed before it is yielded (unless
+        :meth:`digest` already did)."""
+        known = self.sha256
+        h = None if known is not None else hashlib.sha256()
+        for piece in self._body():
+            if h is not None:
+                h.update(piece)
             yield piece
-        self.sha256 = digest.digest()
+        if h is not None:
+            self.sha256 = h.digest()
+        assert self.sha256 is not None
         yield memoryview(self.sha256)
 
     def write_to(self, out: Any) -> bytes:

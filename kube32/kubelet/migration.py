@@ -1,0 +1,223 @@
+"""The kubelet's side of pod migration: ``/checkpoint``, ``/thaw`` and restores.
+
+``POST /checkpoint/<ns>/<pod>/<container>?leave=running|frozen&timeoutMs=<ms>``
+freezes the pod once its current call returns and answers its K32S snapshot,
+streamed from linear memory (``Content-Length``, ``X-Kube32-Image-Sha256``,
+``X-Kube32-Snapshot-Sha256``, ``X-Kube32-Pod-Time-Ms``, and
+``X-Kube32-Frozen-At-Ms`` for the controller's freeze-to-running figure).  404
+NotFound, 409 NotMovable with every blocker, 504 Timeout: the pod keeps running
+in each.  ``leave=running`` thaws after the snapshot (also when the transfer
+broke); ``leave=frozen`` keeps it frozen for a move, and a frozen pod gives the
+same snapshot every time, so a failed transfer can be retried.
+
+``POST /thaw/<ns>/<pod>/<container>``: 200 ``{"thawed":true}``, or 404 when the
+pod is not frozen.  Held events are delivered first (the runtime does that).
+
+A pod left frozen by a move whose controller never came back is thawed after
+:data:`FROZEN_MAX_SECONDS` while it is still bound here: no pod stays frozen forever.
+
+Restore: a pod with ``kube32.io/restore-from`` streams
+``GET .../checkpoints/<name>/data`` into a fresh instance (the reader checks
+image, memory limit, globals, tables and trailer as the bytes arrive), then the
+runtime restores clock and channels and calls ``k32_restored``.  Any failure is a
+:class:`RestoreError` whose message begins "cannot restore the snapshot: ".
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from .. import movability
+from ..client import CHECKPOINTS
+from ..snapshot import SnapshotError
+from ..wasm import CallTimeout, Pod, PodError
+
+if TYPE_CHECKING:
+    from .kubelet import Kubelet
+
+log = logging.getLogger("kube32.kubelet.migration")
+
+DEFAULT_TIMEOUT_MS = 10000
+MAX_TIMEOUT_MS = 60000
+FROZEN_MAX_SECONDS = 300.0
+
+
+class RestoreError(Exception):
+    """A restore that failed; the container ends terminated with reason RestoreError."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"cannot restore the snapshot: {cause}")
+
+
+def _json(status: int, body: dict[str, Any]) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+def _not_found(message: str) -> web.Response:
+    return _json(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                       "message": message, "code": 404})
+
+
+def _bad_request(message: str) -> web.Response:
+    return _json(400, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "BadRequest",
+                       "message": message, "code": 400})
+
+
+def parse_params(query: Any) -> tuple[str, int] | str:
+    """(leave, timeoutMs), or the message of a 400."""
+    leave = query.get("leave", "running")
+    if leave not in ("running", "frozen"):
+        return f'leave must be "running" or "frozen", not "{leave}"'
+    raw = query.get("timeoutMs", str(DEFAULT_TIMEOUT_MS))
+    try:
+        timeout = int(raw)
+    except ValueError:
+        return f'timeoutMs must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, not "{raw}"'
+    if not 1 <= timeout <= MAX_TIMEOUT_MS:
+        return f"timeoutMs must be from 1 to {MAX_TIMEOUT_MS} ms, not {timeout}"
+    return leave, timeout
+
+
+def _target(kl: "Kubelet", request: web.Request):
+    ns, name, container = (request.match_info[k] for k in ("ns", "pod", "container"))
+    worker = kl.worker_by_name(ns, name)
+    if worker is None or worker.terminating:
+        return None, f'pod "{ns}/{name}" is not running on node "{kl.options.node_name}"'
+    if container != worker.container:
+        return None, f'pod "{ns}/{name}" has no container "{container}"'
+    if worker.instance is None:
+        return None, f'container "{container}" of pod "{ns}/{name}" is not running'
+    return worker, ""
+
+
+def node_blockers(worker: Any, inst: Pod) -> list[str]:
+    """Every reason, the spec's and the node's, without repeats."""
+    found = movability.spec_blockers(worker.pod, inst.module.exports) + inst.blockers()
+    return list(dict.fromkeys(found))
+
+
+async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
+    params = parse_params(request.query)
+    if isinstance(params, str):
+        return _bad_request(params)
+    leave, timeout_ms = params
+    worker, why = _target(kl, request)
+    if worker is None:
+        return _not_found(why)
+    inst = worker.instance
+    blockers = node_blockers(worker, inst)
+    if blockers:
+        return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
+                           "message": "the pod cannot move: " + "; ".join(blockers), "blockers": blockers,
+                           "code": 409})
+    was_frozen = inst.frozen
+    try:
+        await asyncio.to_thread(inst.freeze, timeout_ms)
+    except CallTimeout as e:
+        return _json(504, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Timeout",
+                           "message": str(e), "blockers": [str(e)], "code": 504})
+    except PodError as e:
+        return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
+                           "message": str(e), "blockers": [str(e)], "code": 409})
+    if not was_frozen:
+        worker.frozen_since = time.monotonic()
+        kl.pod_frozen_changed(worker.uid)
+    thaw = leave == "running"
+    try:
+        writer = inst.snapshot()
+        resp = web.StreamResponse(headers={
+            "Content-Type": "application/octet-stream",
+            "X-Kube32-Image-Sha256": inst.module.sha256,
+            "X-Kube32-Pod-Time-Ms": str(writer.state.pod_time_ms),
+            "X-Kube32-Frozen-At-Ms": str(writer.state.unix_time_ms),
+        })
+        resp.content_length = writer.total_size
+        # The trailer is known only at the end; a frozen pod's snapshot never changes,
+        # so it is computed once per freeze (cheap next to the send) and sent up front.
+        resp.headers["X-Kube32-Snapshot-Sha256"] = await _trailer(worker, writer)
+        await resp.prepare(request)
+        await writer.write_async(resp.write)
+        await resp.write_eof()
+        return resp
+    except PodError as e:
+        thaw = True
+        return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
+                           "message": str(e), "blockers": [str(e)], "code": 409})
+    finally:
+        if thaw and inst.frozen:
+            await _thaw(kl, worker, inst)
+
+
+async def _trailer(worker: Any, writer: Any) -> str:
+    """The snapshot's SHA-256, once per freeze: a frozen pod's snapshot never changes."""
+    cached = getattr(worker, "snapshot_digest", None)
+    if cached is not None and cached[0] == worker.frozen_since:
+        writer.sha256 = bytes.fromhex(cached[1])
+        return cached[1]
+    digest = (await asyncio.to_thread(writer.digest)).hex()
+    worker.snapshot_digest = (worker.frozen_since, digest)
+    return digest
+
+
+async def _thaw(kl: "Kubelet", worker: Any, inst: Pod) -> None:
+    try:
+        await asyncio.to_thread(inst.thaw)
+    except PodError:
+        return
+    worker.frozen_since = None
+    kl.pod_frozen_changed(worker.uid)
+
+
+async def thaw(kl: "Kubelet", request: web.Request) -> web.Response:
+    worker, why = _target(kl, request)
+    if worker is None:
+        return _not_found(why)
+    if not worker.instance.frozen:
+        return _not_found(f'pod "{worker.namespace}/{worker.name}" is not frozen')
+    await _thaw(kl, worker, worker.instance)
+    return _json(200, {"thawed": True})
+
+
+async def thaw_forgotten(kl: "Kubelet") -> None:
+    """Thaw pods frozen for a move that never finished (the controller is gone)."""
+    while True:
+        await asyncio.sleep(5)
+        for worker in list(kl.workers.values()):
+            since = getattr(worker, "frozen_since", None)
+            inst = worker.instance
+            if since is not None and inst is not None and inst.frozen and not worker.terminating \
+                    and time.monotonic() - since > getattr(kl.options, 'frozen_max_seconds', FROZEN_MAX_SECONDS):
+                log.warning("thawing %s/%s: frozen for a move for %.0f s", worker.namespace, worker.name,
+                            time.monotonic() - since)
+                await _thaw(kl, worker, inst)
+
+
+async def restore(kl: "Kubelet", instance: Pod, namespace: str, checkpoint_name: str) -> None:
+    """Stream the Checkpoint's data into ``instance`` and finish the restore."""
+    path = CHECKPOINTS.path(namespace, checkpoint_name, "data")
+    try:
+        reader = await asyncio.to_thread(instance.prepare_restore)
+    except PodError as e:
+        raise RestoreError(str(e)) from None
+    try:
+        async with kl.client.request("GET", path, timeout=aiohttp.ClientTimeout(total=None, sock_read=60)) as r:
+            if r.status == 404:
+                raise RestoreError(f"checkpoint {checkpoint_name} has no data (lost with a control plane "
+                                   "restart, or dropped to make room)")
+            if r.status != 200:
+                raise RestoreError(f"the checkpoint's data could not be read: {r.status} {(await r.text())[:200]}")
+            snap = await reader.read_async(r.content)
+    except SnapshotError as e:
+        raise RestoreError(str(e)) from None
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        raise RestoreError(f"the checkpoint's data could not be read: {e}") from None
+    try:
+        await asyncio.to_thread(instance.finish_restore, snap)
+    except (PodError, SnapshotError) as e:
+        raise RestoreError(str(e)) from None
