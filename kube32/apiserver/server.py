@@ -447,9 +447,8 @@ class APIServer:
         wanted = ((body or {}).get("spec") or {}).get("finalizers") or []
 
         def finalize(ns: dict) -> dict:
+            # An empty list, not a missing key: the namespace defaulting re-adds a missing one.
             ns.setdefault("spec", {})["finalizers"] = wanted
-            if not wanted:
-                ns["spec"].pop("finalizers")
             return ns
         out = await self.registry.mutate(t.res, None, t.name, finalize, subresource="finalize")
         if out["metadata"].get("deletionTimestamp") and not (out.get("spec") or {}).get("finalizers"):
