@@ -136,8 +136,18 @@ def add_routes(router: web.UrlDispatcher, store: ImageStore) -> None:
         data = store.get(request.match_info["sha"])
         return web.Response(body=data, content_type="application/wasm")
 
+    async def info(request: web.Request) -> web.Response:
+        """What the control plane knows of an embedded image (its exports: an entry
+        point makes it a command pod, which cannot move)."""
+        data = store.get(request.match_info["sha"])
+        digest = hashlib.sha256(data).hexdigest()
+        return _json({"kind": "Image", "apiVersion": "kube32.io/v1", "reference": REFERENCE_PREFIX + digest,
+                      "sha256": digest, "size": len(data),
+                      "exports": [e["name"] for e in module_exports(data)]}, 200)
+
     router.add_post("/apis/kube32.io/v1/images", upload)
     router.add_get("/apis/kube32.io/v1/images/{sha}", download)
+    router.add_get("/apis/kube32.io/v1/images/{sha}/info", info)
 
 
 def _too_large() -> web.Response:

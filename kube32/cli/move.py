@@ -116,7 +116,7 @@ def report(ck: dict[str, Any], console: Console) -> int:
 
 
 async def _run(args: argparse.Namespace, action: str) -> int:
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     ns = _namespace(args)
     async with Client.from_kubeconfig(args.kubeconfig, user_agent="kube32-cli") as client:
         try:

@@ -164,14 +164,14 @@ class CheckpointController(Controller):
             if pod is None:
                 raise MoveError(f'pod "{spec.get("podName")}" not found')
             container = container_of(ck, pod)
+            blockers = movability.spec_blockers(pod, await self._image_exports(pod, container))
+            if blockers:
+                raise MoveError("the pod cannot move: " + "; ".join(blockers), blockers)
             source = (pod.get("spec") or {}).get("nodeName")
             if not source or (pod.get("status") or {}).get("phase") != "Running":
                 raise MoveError(f'pod {pod["metadata"]["name"]} is not running on a node')
             if pod["metadata"].get("deletionTimestamp"):
                 raise MoveError(f'pod {pod["metadata"]["name"]} is being deleted')
-            blockers = movability.spec_blockers(pod, await self._image_exports(pod, container))
-            if blockers:
-                raise MoveError("the pod cannot move: " + "; ".join(blockers), blockers)
             target = await self._target(ck, pod) if action == "Move" else None
         except MoveError as e:
             await self._fail(ck, pod, e, action)
@@ -381,7 +381,7 @@ class CheckpointController(Controller):
                 self.queue.add(key_of(ck))
                 return
             raise
-        where = f"back to {source}" if back_to else f"to the scheduler ({source} is not Ready)"
+        where = f"to {source}" if back_to else f"to the scheduler ({source} is not Ready)"
         message = f"rolled back {where}: {why}"
         await self._set_status(ck, phase="Failed", message=message, finishedAt=rfc3339(),
                                rollbackPodUID=new["metadata"]["uid"])

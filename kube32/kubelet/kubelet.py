@@ -62,6 +62,7 @@ class KubeletOptions:
     call_timeout_ms: int = 10000
     log_lines: int = 1000
     frozen_max_seconds: float = 300.0    # a pod frozen for a move that never finished thaws
+    faults: tuple[str, ...] = ()         # injected faults (kube32.kubelet.migration.FAULTS), for tests
     data_dir: Path | None = None         # image and compiled-code caches
     extra_labels: dict[str, str] = field(default_factory=dict)
 

@@ -43,9 +43,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kube32.kubelet.migration")
 
+# Faults a test can inject into a worker (``kube32-sim worker --fault NAME``):
+# corrupt-restores flips one byte of every snapshot this node restores, as damage in
+# transfer would; the real checks must then refuse it.
+FAULTS = ("corrupt-restores",)
+
 DEFAULT_TIMEOUT_MS = 10000
 MAX_TIMEOUT_MS = 60000
 FROZEN_MAX_SECONDS = 300.0
+
+
+class _Corrupting:
+    """A stream that flips one byte past the header (fault injection)."""
+
+    def __init__(self, inner: Any, at: int = 200) -> None:
+        self.inner, self.at, self.pos = inner, at, 0
+
+    async def read(self, n: int) -> bytes:
+        data = await self.inner.read(n)
+        if self.pos <= self.at < self.pos + len(data):
+            i = self.at - self.pos
+            data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
+        self.pos += len(data)
+        return data
 
 
 class RestoreError(Exception):
@@ -155,13 +175,15 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
 
 
 async def _trailer(worker: Any, writer: Any) -> str:
-    """The snapshot's SHA-256, once per freeze: a frozen pod's snapshot never changes."""
-    cached = getattr(worker, "snapshot_digest", None)
-    if cached is not None and cached[0] == worker.frozen_since:
+    """The snapshot's SHA-256, hashed once per frozen state: a frozen pod's memory, globals
+    and tables never change, only the events held for it may grow."""
+    key = (worker.frozen_since, writer.state.events)
+    cached = worker.snapshot_digest
+    if cached is not None and cached[0] == key:
         writer.sha256 = bytes.fromhex(cached[1])
         return cached[1]
     digest = (await asyncio.to_thread(writer.digest)).hex()
-    worker.snapshot_digest = (worker.frozen_since, digest)
+    worker.snapshot_digest = (key, digest)
     return digest
 
 
@@ -212,7 +234,8 @@ async def restore(kl: "Kubelet", instance: Pod, namespace: str, checkpoint_name:
                                    "restart, or dropped to make room)")
             if r.status != 200:
                 raise RestoreError(f"the checkpoint's data could not be read: {r.status} {(await r.text())[:200]}")
-            snap = await reader.read_async(r.content)
+            stream = _Corrupting(r.content) if "corrupt-restores" in kl.options.faults else r.content
+            snap = await reader.read_async(stream)
     except SnapshotError as e:
         raise RestoreError(str(e)) from None
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:

@@ -22,6 +22,7 @@ change (and are skipped when nothing changed).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Any
@@ -71,7 +72,7 @@ class PodWorker:
         self._pull_failures = 0
         self._restore_tried = False
         self.frozen_since: float | None = None     # monotonic time a checkpoint froze it
-        self.snapshot_digest: tuple[float | None, str] | None = None
+        self.snapshot_digest: tuple[Any, str] | None = None  # (frozen state, trailer hex)
         self._task = asyncio.create_task(self._run(), name=f"pod {self.namespace}/{self.name}")
         self._status_task = asyncio.create_task(self._status_loop(), name=f"status {self.namespace}/{self.name}")
         self.changed()
@@ -142,6 +143,7 @@ class PodWorker:
             self.changed()
             await self.kl.events.record(self.pod, "Warning", "Failed", f"Error: {e}")
             return "retry"
+        config = self._within_heap(config)
         loop = asyncio.get_running_loop()
         self._exit = loop.create_future()
         exit_future = self._exit
@@ -192,6 +194,15 @@ class PodWorker:
         self.restart_count += 1
         self.last_state, self.state = self.state, {}
         return "crash"
+
+    def _within_heap(self, config: Any) -> Any:
+        """A pod's linear memory comes out of the node's heap: it may not grow past what
+        is free (a board has no more), whatever its own limit says."""
+        free = self.kl.free_heap()
+        limit = config.memory_limit_bytes
+        if limit is None or limit > free:
+            return dataclasses.replace(config, memory_limit_bytes=max(free, 1))
+        return config
 
     def _restore_from(self) -> str | None:
         """The Checkpoint to restore from: only the first start of this pod does; a

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..client import Client
 from ..kubelet import Kubelet, KubeletOptions
+from ..kubelet.migration import FAULTS
 from ..kubelet.quantity import parse_bytes
 from .profiles import profile
 
@@ -31,6 +32,8 @@ def add_node_flags(p: argparse.ArgumentParser, *, default_profile: str, port_fla
     p.add_argument("--lease-interval", type=float, default=10.0, help="seconds between Lease renewals")
     p.add_argument("--status-interval", type=float, default=10.0, help="seconds between node status reports")
     p.add_argument("--backoff", type=float, default=10.0, help="first restart back-off in seconds (doubles to 300)")
+    p.add_argument("--fault", action="append", default=[], choices=FAULTS, metavar="FAULT",
+                   help="inject a fault, for reliability tests: " + ", ".join(FAULTS))
 
 
 def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool = False,
@@ -46,7 +49,7 @@ def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool 
                           devices=devices, max_pods=prof.max_pods, interp_mops=args.interp_mops,
                           control_plane=control_plane, lease_interval=args.lease_interval,
                           status_interval=args.status_interval, backoff_base=args.backoff,
-                          data_dir=data_dir)
+                          data_dir=data_dir, faults=tuple(args.fault))
 
 
 async def run_worker(kubeconfig: Path, server: str | None, opts: KubeletOptions) -> int:

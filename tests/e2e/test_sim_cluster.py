@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 import wasmtime
 import yaml
 
@@ -33,34 +29,7 @@ TRAP_ON_INIT = """
 """
 
 
-def cli(cluster: ControlPlane, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kube32.cli.main", *args, "--kubeconfig", str(cluster.kubeconfig)],
-                          capture_output=True, input=input, cwd=ROOT, timeout=60)
-
-
-def push(cluster: ControlPlane, path: Path) -> str:
-    out = cli(cluster, "image", "push", str(path))
-    assert out.returncode == 0, out.stderr.decode()
-    return out.stdout.decode().strip()
-
-
-def pod_yaml(name: str, node: str, image: str, annotations: dict | None = None, **spec) -> str:
-    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
-                           "metadata": {"name": name, "labels": {"app": name}, "annotations": annotations or {}},
-                           "spec": {"nodeName": node, "containers": [{"name": "main", "image": image}], **spec}})
-
-
-def get_json(cluster: ControlPlane, *args: str) -> dict:
-    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
-
-
-def raw(cluster: ControlPlane, path: str) -> dict:
-    return json.loads(cluster.kubectl("get", "--raw", path).stdout)
-
-
-def waiting_or_terminated(cluster: ControlPlane, name: str) -> dict:
-    cs = (get_json(cluster, "pod", name).get("status") or {}).get("containerStatuses") or [{}]
-    return cs[0]
+from tests.e2e.helpers import cli, get_json, pod_yaml, push, raw, waiting_or_terminated  # noqa: E402
 
 
 def test_three_ready_nodes_with_interp_mops(sim_cluster: ControlPlane) -> None:
