@@ -26,6 +26,10 @@ class ControllerOptions:
     pod_eviction_timeout_seconds: float = 300.0   # toleration of not-ready/unreachable taints
     node_monitor_period_seconds: float = 1.0
     resync_seconds: float = 30.0
+    move_rollback_seconds: float = 60.0           # a replacement not running by then rolls back
+    checkpoint_retention_seconds: float = 3600.0  # finished non-periodic Checkpoints go after this
+    pressure_move_cooldown_seconds: float = 60.0  # memory pressure moves at most one pod per node per this
+    auto_move_cooldown_seconds: float = 600.0     # a pod moves on its own at most once per this
     extra: dict[str, Any] = field(default_factory=dict)
 
 

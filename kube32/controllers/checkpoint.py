@@ -105,8 +105,8 @@ class CheckpointController(Controller):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self.snapshot_lock = asyncio.Lock()  # the control plane takes one snapshot at a time
-        self.rollback_seconds = float(getattr(ctx.options, "move_rollback_seconds", 60.0))
-        self.retention_seconds = float(getattr(ctx.options, "checkpoint_retention_seconds", 3600.0))
+        self.rollback_seconds = ctx.options.move_rollback_seconds
+        self.retention_seconds = ctx.options.checkpoint_retention_seconds
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
         self.pods = ctx.informers.get(PODS)
         self.nodes = ctx.informers.get(NODES)

@@ -31,6 +31,25 @@ def duration(text: str) -> float:
     return value
 
 
+# Control plane timings: (flag, default seconds, help).  `up` forwards the ones given.
+TIMINGS = [
+    ("--node-monitor-grace-period", 40.0, "a node whose Lease is not renewed this long turns Ready=Unknown"),
+    ("--pod-eviction-timeout", 300.0, "how long pods stay on a not-ready/unreachable node without a toleration "
+                                      "saying otherwise"),
+    ("--node-monitor-period", 1.0, "how often node health is checked"),
+    ("--move-rollback-timeout", 60.0, "a moved pod's replacement not running by then goes back to its source"),
+    ("--checkpoint-retention", 3600.0, "finished Checkpoints other than the latest periodic ones go after this"),
+    ("--pressure-move-cooldown", 60.0, "memory pressure moves at most one pod per node per this"),
+    ("--auto-move-cooldown", 600.0, "a pod with the Auto policy moves on its own at most once per this"),
+]
+
+
+def add_control_plane_timings(p: argparse.ArgumentParser, forward: bool = False) -> None:
+    for flag, default, text in TIMINGS:
+        p.add_argument(flag, type=duration, default=None if forward else default, metavar="DURATION",
+                       help=f"{text} (default {default:g}s)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kube32-sim", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -41,13 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--host", default="127.0.0.1", help="address to listen on")
     cp.add_argument("--insecure-http", action="store_true",
                     help="serve plain HTTP instead of TLS (kubectl then sends no token: debugging only)")
-    cp.add_argument("--node-monitor-grace-period", type=duration, default=40.0, metavar="DURATION",
-                    help="a node whose Lease is not renewed this long turns Ready=Unknown (default 40s)")
-    cp.add_argument("--pod-eviction-timeout", type=duration, default=300.0, metavar="DURATION",
-                    help="how long pods stay on a not-ready/unreachable node without a toleration "
-                         "saying otherwise (default 300s)")
-    cp.add_argument("--node-monitor-period", type=duration, default=1.0, metavar="DURATION",
-                    help="how often node health is checked (default 1s)")
+    add_control_plane_timings(cp)
     cp.add_argument("--node-name", default="devkit", help="the control plane's own node (default devkit)")
     cp.add_argument("--no-kubelet", action="store_true", help="run no node on the control plane")
     add_node_flags(cp, default_profile="devkit", port_flag="--kubelet-port")
@@ -67,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--interp-mops", help="interpreter speed every node reports instead of measuring it")
     up.add_argument("--lease-interval", help="seconds between Lease renewals on every node")
     up.add_argument("--backoff", help="first restart back-off in seconds on every node")
+    add_control_plane_timings(up, forward=True)
     return p
 
 
@@ -83,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
                                        controllers=ControllerOptions(
                                            node_monitor_grace_seconds=args.node_monitor_grace_period,
                                            pod_eviction_timeout_seconds=args.pod_eviction_timeout,
-                                           node_monitor_period_seconds=args.node_monitor_period))
+                                           node_monitor_period_seconds=args.node_monitor_period,
+                                           move_rollback_seconds=args.move_rollback_timeout,
+                                           checkpoint_retention_seconds=args.checkpoint_retention,
+                                           pressure_move_cooldown_seconds=args.pressure_move_cooldown,
+                                           auto_move_cooldown_seconds=args.auto_move_cooldown))
             return asyncio.run(run_control_plane(opts))
         if args.command == "worker":
             opts_w = kubelet_options(args, args.name, data_dir=args.data_dir)
@@ -97,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             for flag in ("interp_mops", "lease_interval", "backoff"):
                 if getattr(args, flag) is not None:
                     node_args += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-            return asyncio.run(run_up(args.data_dir, args.workers, args.port, node_args))
+            cp_args: list[str] = []
+            for flag, _, _ in TIMINGS:
+                value = getattr(args, flag[2:].replace("-", "_"))
+                if value is not None:
+                    cp_args += [flag, f"{value:g}s"]
+            return asyncio.run(run_up(args.data_dir, args.workers, args.port, node_args, cp_args))
     except OSError as e:
         print(f"kube32-sim: cannot start {args.command}: {e}", file=sys.stderr)
         return 1

@@ -57,7 +57,8 @@ async def _nodes_ready(client: Client, names: list[str]) -> list[str]:
     return [n for n in names if n not in ready]
 
 
-async def run_up(data_dir: Path, workers: int, port: int, node_args: list[str]) -> int:
+async def run_up(data_dir: Path, workers: int, port: int, node_args: list[str],
+                 cp_args: list[str] | tuple[str, ...] = ()) -> int:
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     admin = data_dir / "admin.kubeconfig"
@@ -67,7 +68,8 @@ async def run_up(data_dir: Path, workers: int, port: int, node_args: list[str]) 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    control = await _spawn(_sim("control-plane", "--data-dir", str(data_dir), "--port", str(port), *node_args),
+    control = await _spawn(_sim("control-plane", "--data-dir", str(data_dir), "--port", str(port), *node_args,
+                                *cp_args),
                            logs / "control-plane.log")
     children: dict[str, asyncio.subprocess.Process] = {}
     try:
