@@ -8,10 +8,19 @@ node bootstrap token (group ``system:bootstrappers:kube32``), and writes
 constant time; the file is created 0600.  ``/version``, ``/healthz``,
 ``/readyz`` and ``/livez`` are public, as Kubernetes' ``system:public-info-viewer``
 makes them.
+
+More tokens:
+
+* ``--token-auth-file``: kube-apiserver's static token file, CSV lines
+  ``token,user,uid,"group1,group2"`` (read at start; ``#`` comments allowed).
+* Node credentials: a node that joined with the bootstrap token gets its own
+  token (user ``system:node:<name>``, group ``system:nodes``), kept in
+  ``tokens.json``; joining again replaces (revokes) the node's previous token.
 """
 from __future__ import annotations
 
 import base64
+import csv
 import hmac
 import json
 import os
@@ -26,6 +35,13 @@ PUBLIC_PATHS = frozenset({"/version", "/healthz", "/readyz", "/livez"})
 ADMIN = "kubernetes-admin"
 APISERVER = "system:kube-apiserver"
 BOOTSTRAP_GROUP = "system:bootstrappers:kube32"
+BOOTSTRAP_USER = "system:bootstrap:kube32"
+NODES_GROUP = "system:nodes"
+NODE_PREFIX = "system:node:"
+
+
+class TokenFileError(ValueError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -41,8 +57,10 @@ class User:
 
 
 class TokenAuthenticator:
-    def __init__(self, tokens: dict[str, User]) -> None:
+    def __init__(self, tokens: dict[str, User], path: Path | None = None) -> None:
         self._tokens = tokens
+        self._path = path            # tokens.json: where issued tokens are kept
+        self._static: set[str] = set()  # from --token-auth-file: never written back
 
     def authenticate(self, header: str | None) -> User | None:
         if not header or not header.lower().startswith("bearer "):
@@ -62,6 +80,29 @@ class TokenAuthenticator:
     def add(self, token: str, user: User) -> None:
         self._tokens[token] = user
 
+    def add_static(self, tokens: dict[str, User]) -> None:
+        self._tokens.update(tokens)
+        self._static.update(tokens)
+
+    def issue_node_token(self, node: str) -> str:
+        """A new token for ``system:node:<node>``; the node's previous tokens stop working."""
+        username = NODE_PREFIX + node
+        for t in [t for t, u in self._tokens.items() if u.name == username and t not in self._static]:
+            del self._tokens[t]
+        token = secrets.token_hex(24)
+        self._tokens[token] = User(username, (NODES_GROUP,))
+        self._save()
+        return token
+
+    def _save(self) -> None:
+        if self._path is None:
+            return
+        raw = {t: {"username": u.name, "groups": list(u.groups), **({"uid": u.uid} if u.uid else {})}
+               for t, u in self._tokens.items() if t not in self._static}
+        tmp = self._path.with_suffix(".tmp")
+        _write_private(tmp, json.dumps(raw, indent=2))
+        os.replace(tmp, self._path)
+
 
 def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -77,11 +118,28 @@ def load_or_create_tokens(data_dir: Path) -> TokenAuthenticator:
         raw = {
             secrets.token_hex(24): {"username": ADMIN, "groups": ["system:masters"]},
             secrets.token_hex(24): {"username": APISERVER, "groups": ["system:masters"]},
-            secrets.token_hex(24): {"username": "system:bootstrap:kube32", "groups": [BOOTSTRAP_GROUP]},
+            secrets.token_hex(24): {"username": BOOTSTRAP_USER, "groups": [BOOTSTRAP_GROUP]},
         }
         _write_private(path, json.dumps(raw, indent=2))
     return TokenAuthenticator({t: User(u["username"], tuple(u.get("groups", ())), u.get("uid", ""))
-                               for t, u in raw.items()})
+                               for t, u in raw.items()}, path)
+
+
+def read_token_file(path: Path) -> dict[str, User]:
+    """kube-apiserver's ``--token-auth-file``: ``token,user,uid[,"group1,group2"]`` per line."""
+    out: dict[str, User] = {}
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise TokenFileError(f"cannot read the token file {path}: {e.strerror}") from None
+    for n, row in enumerate(csv.reader(text.splitlines()), 1):
+        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+            continue
+        if len(row) < 3 or not row[0].strip() or not row[1].strip():
+            raise TokenFileError(f"{path}:{n}: expected token,user,uid[,\"group1,group2\"]")
+        groups = tuple(g.strip() for g in row[3].split(",") if g.strip()) if len(row) > 3 else ()
+        out[row[0].strip()] = User(row[1].strip(), groups, row[2].strip())
+    return out
 
 
 def kubeconfig(server: str, token: str, user: str, ca_pem: bytes | None,
@@ -105,5 +163,5 @@ def write_kubeconfigs(data_dir: Path, server: str, auth: TokenAuthenticator,
     admin = data_dir / "admin.kubeconfig"
     _write_private(admin, kubeconfig(server, auth.token_for(ADMIN), "admin", ca_pem))
     _write_private(data_dir / "node.kubeconfig",
-                   kubeconfig(server, auth.token_for("system:bootstrap:kube32"), "node-bootstrap", ca_pem))
+                   kubeconfig(server, auth.token_for(BOOTSTRAP_USER), "node-bootstrap", ca_pem))
     return admin

@@ -5,7 +5,12 @@ Secret, so the control plane makes a cluster CA at its first start
 (``<data-dir>/pki/ca.crt``, ``ca.key``, 0600) and serves with a certificate the CA
 signs for ``127.0.0.1``, ``localhost`` and the host's name.  The kubeconfigs it
 writes carry the CA, so clients verify the server.  Kubelets get serving
-certificates from the same CA (:func:`issue_serving_cert`).
+certificates from the same CA: a joining node sends a certificate signing
+request for its own key (the key never leaves the node) and
+:func:`sign_node_csr` signs it for ``system:node:<name>`` with the CSR's IP
+addresses and DNS names as subject alternative names (server auth only).  The API
+server then verifies a kubelet's certificate with the CA
+(:func:`client_context`) before it sends its token there.
 """
 from __future__ import annotations
 
@@ -95,3 +100,42 @@ def server_context(crt: Path, key: Path) -> ssl.SSLContext:
 
 def client_context(ca: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca))
+
+
+MAX_CSR_SANS = 16
+
+
+class CSRError(ValueError):
+    pass
+
+
+def sign_node_csr(pki: Path, csr_pem: bytes, node: str) -> bytes:
+    """Sign a node's CSR: subject ``system:node:<node>``, the CSR's SANs, serving only."""
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError as e:
+        raise CSRError(f"the certificate signing request is not a PEM CSR: {e}") from None
+    if not csr.is_signature_valid:
+        raise CSRError("the certificate signing request's signature is not valid")
+    try:
+        san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        raise CSRError("the certificate signing request names no IP address or DNS name") from None
+    names = [n for n in san if isinstance(n, (x509.IPAddress, x509.DNSName))]
+    if not names or len(names) != len(list(san)) or len(names) > MAX_CSR_SANS:
+        raise CSRError(f"the certificate signing request may name 1 to {MAX_CSR_SANS} IP addresses "
+                       "and DNS names, and nothing else")
+    ca_crt, ca_key_path = ensure_ca(pki)
+    ca_cert = x509.load_pem_x509_certificate(ca_crt.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+                                     x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}")]))
+            .issuer_name(ca_cert.subject).public_key(csr.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=365))
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    return cert.public_bytes(serialization.Encoding.PEM)

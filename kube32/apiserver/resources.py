@@ -15,6 +15,8 @@ from .strategies.checkpoint import CheckpointStrategy
 from .strategies.namespace import NamespaceStrategy
 from .strategies.node import NodeStrategy
 from .strategies.pod import PodStrategy
+from .strategies.rbac import (ClusterRoleBindingStrategy, ClusterRoleStrategy, ReviewStrategy,
+                              RoleBindingStrategy, RoleStrategy, ServiceAccountStrategy)
 from .strategies.service import EndpointSliceStrategy, EndpointsStrategy, ServiceStrategy
 from .strategies.simple import ConfigMapStrategy, EventStrategy, LeaseStrategy, SecretStrategy
 from .strategy import Strategy
@@ -110,6 +112,27 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("kube32.io", "v1", "checkpoints", "checkpoint", "Checkpoint", True, CheckpointStrategy(),
              ("ckpt",), ("kube32",),
              subresources=(_status("Checkpoint"), Subresource("data", "Checkpoint", ("get", "update")))),
+    Resource("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", True, ServiceAccountStrategy(),
+             ("sa",), subresources=(Subresource("token", "TokenRequest", ("create",),
+                                                "authentication.k8s.io", "v1"),)),
+    Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "clusterrole", "ClusterRole", False,
+             ClusterRoleStrategy()),
+    Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "clusterrolebinding",
+             "ClusterRoleBinding", False, ClusterRoleBindingStrategy()),
+    Resource("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", True, RoleStrategy()),
+    Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "rolebinding", "RoleBinding", True,
+             RoleBindingStrategy()),
+    # Answered by the server (kube32.apiserver.authz), never stored: listed for discovery.
+    Resource("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "", "SelfSubjectAccessReview",
+             False, ReviewStrategy(), verbs=("create",)),
+    Resource("authorization.k8s.io", "v1", "selfsubjectrulesreviews", "", "SelfSubjectRulesReview",
+             False, ReviewStrategy(), verbs=("create",)),
+    Resource("authorization.k8s.io", "v1", "subjectaccessreviews", "", "SubjectAccessReview",
+             False, ReviewStrategy(), verbs=("create",)),
+    Resource("authorization.k8s.io", "v1", "localsubjectaccessreviews", "", "LocalSubjectAccessReview",
+             True, ReviewStrategy(), verbs=("create",)),
+    Resource("authentication.k8s.io", "v1", "tokenreviews", "", "TokenReview",
+             False, ReviewStrategy(), verbs=("create",)),
 )
 
 GROUP_VERSIONS: dict[str, list[Resource]] = {}

@@ -11,7 +11,8 @@ never goes down for a request.
 Invariants:
 
 * Every request but the public health/version paths carries a valid bearer
-  token (401 otherwise).
+  token (401 otherwise) and passes the authorizer chain of :mod:`.authz`
+  (system:masters, the node authorizer, RBAC) before its handler runs (403).
 * Watches are streams of newline-delimited JSON events; with ``resourceVersion``
   unset or "0" they start with a synthetic ADDED per object (kubectl drops the
   first event of a named watch and relies on it).
@@ -28,7 +29,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from ..store import Store
-from . import bodies, discovery, errors, eventbus, images, meta, tables
+from . import authz, bodies, discovery, errors, eventbus, images, meta, nodecredentials, rbac, tables
 from .auth import PUBLIC_PATHS, TokenAuthenticator, User
 from .eviction import EvictionHandler
 from .proxy import KubeletProxy, kubelet_base, ready_pods
@@ -66,10 +67,13 @@ class APIServer:
         self.events = eventbus.EventBus()
         self.registry = Registry(store)
         self.auth = auth
+        self.authorizer = authz.Authorizer(self.registry)
+        self.pki_dir: Any = None   # the cluster CA's directory: signs kubelet certificates
         self.kubelets = KubeletProxy(kubelet_token, kubelet_ssl)
         # Subresource handlers that later parts plug in: (plural, sub, method) -> handler.
         self.sub_handlers: dict[tuple[str, str, str], Callable[[web.Request, Target], Awaitable[web.StreamResponse]]] = {}
-        self.eviction_handler: Callable[[web.Request, Target, dict], Awaitable[web.StreamResponse]] | None = EvictionHandler(self.registry)
+        self.eviction_handler: Callable[[web.Request, Target, dict], Awaitable[web.StreamResponse]] | None = \
+            EvictionHandler(self.registry, self.images.exports)
         self.app = self._build_app()
 
     # --- app ------------------------------------------------------------------
@@ -87,6 +91,8 @@ class APIServer:
         r.add_route("*", "/api/v1", self.group_version_root)
         r.add_route("*", "/api/v1/{tail:.*}", self.resource)
         r.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self.token_review)
+        authz.add_routes(r, self.authorizer)
+        nodecredentials.add_routes(r, self)
         images.add_routes(r, self.images)   # before the generic /apis/{group}/{version}/... routes
         eventbus.add_routes(r, self.events)
         r.add_get("/apis/{group}", self.api_group)
@@ -103,6 +109,7 @@ class APIServer:
         for name in DEFAULT_NAMESPACES:
             if await self.registry.try_get(ns, None, name) is None:
                 await self.registry.create(ns, None, {"metadata": {"name": name}}, check_namespace=False)
+        await rbac.ensure_defaults(self.registry)
 
     @web.middleware
     async def _errors_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -130,7 +137,15 @@ class APIServer:
         if user is None:
             raise errors.unauthorized()
         request["user"] = user
-        return await handler(request)
+        attrs = authz.request_attributes(user, request.method, request.path, request.query)
+        allowed, reason = await self.authorizer.authorize(attrs)
+        if not allowed:
+            raise authz.forbidden(attrs, reason)
+        try:
+            return await handler(request)
+        finally:
+            if attrs.api_group == rbac.GROUP and attrs.verb not in rbac.READ:
+                self.authorizer.rbac.invalidate()
 
     # --- discovery ----------------------------------------------------------
     async def version(self, request: web.Request) -> web.Response:
@@ -317,6 +332,7 @@ class APIServer:
             ns_in_body = (obj.get("metadata") or {}).get("namespace") if isinstance(obj, dict) else None
             if not ns_in_body:
                 raise errors.bad_request("the namespace of the object must be given")
+        authz.admit(request["user"], t.res.plural, t.namespace, obj)
         out = await self.registry.create(t.res, t.namespace, obj, dry_run=_dry_run(request))
         return self._render_one(request, t.res, out, 201, warnings)
 

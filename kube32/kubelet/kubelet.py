@@ -34,6 +34,7 @@ from aiohttp import web
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
 from ..wasm import ChannelRegistry, Pod, Runtime
 from . import node as nodeinfo
+from . import join as node_join
 from . import migration
 from .images import ImagePuller
 from .pods import PodWorker
@@ -65,6 +66,8 @@ class KubeletOptions:
     faults: tuple[str, ...] = ()         # injected faults (kube32.kubelet.migration.FAULTS), for tests
     data_dir: Path | None = None         # image and compiled-code caches
     extra_labels: dict[str, str] = field(default_factory=dict)
+    join: bool = True                    # trade the client's bootstrap token for the node's own (kubelet.join)
+    insecure_http: bool = False          # serve the endpoint over plain HTTP (debugging only)
 
 
 class Kubelet:
@@ -81,6 +84,7 @@ class Kubelet:
         self.instances: dict[int, PodWorker] = {}      # id(Pod) -> worker (HostServices lookups)
         self.informer = Informer(client, PODS, field_selector=f"spec.nodeName={options.node_name}")
         self.port = 0
+        self.scheme = "http"
         self.interp_mops = 0.0
         self.facts: nodeinfo.NodeFacts | None = None
         self.node_uid: str | None = None
@@ -99,9 +103,16 @@ class Kubelet:
         o = self.options
         self.loop = asyncio.get_running_loop()
         self.interp_mops = o.interp_mops if o.interp_mops is not None else await asyncio.to_thread(self.runtime.measure_mops)
+        ssl_ctx = None
+        if o.join:
+            creds = await node_join.join(self.client, o.node_name, [self.ip, o.host, "localhost"],
+                                         serving_cert=not o.insecure_http)
+            if creds.certificate:
+                ssl_ctx = node_join.server_context(creds, o.data_dir if o.data_dir and o.data_dir.is_dir() else None)
+        self.scheme = "https" if ssl_ctx is not None else "http"
         self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, o.host, o.port, reuse_address=True)
+        site = web.TCPSite(self._runner, o.host, o.port, reuse_address=True, ssl_context=ssl_ctx)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.facts = nodeinfo.NodeFacts(o.node_name, self.ip, self.port, o.profile, o.heap_bytes,
@@ -148,6 +159,7 @@ class Kubelet:
         assert self.facts is not None
         obj = nodeinfo.node_object(self.facts, self.free_heap())
         obj["metadata"]["labels"].update(self.options.extra_labels)
+        obj["metadata"]["annotations"]["kube32.io/kubelet-scheme"] = self.scheme
         try:
             out = await self.client.create(NODES, obj)
         except ApiError as e:

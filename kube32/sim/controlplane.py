@@ -17,7 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from ..apiserver import pki, podreplacement
-from ..apiserver.auth import APISERVER, load_or_create_tokens, write_kubeconfigs
+from ..apiserver.auth import APISERVER, BOOTSTRAP_USER, load_or_create_tokens, read_token_file, write_kubeconfigs
 from ..apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataAPI, CheckpointDataSpace
 from ..apiserver.server import APIServer
 from ..client import Client
@@ -38,6 +38,7 @@ class ControlPlaneOptions:
     controllers: ControllerOptions = ControllerOptions()
     kubelet: KubeletOptions | None = None  # the control plane's own node (None: no kubelet)
     checkpoint_space: int = SIM_CAPACITY  # bytes of memory for all checkpoint data
+    token_auth_file: Path | None = None  # static user tokens, CSV token,user,uid,"groups"
 
 
 class ControlPlane:
@@ -57,8 +58,16 @@ class ControlPlane:
         self.opts.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = await SQLiteStore.open(self.opts.data_dir / "state.db")
         auth = load_or_create_tokens(self.opts.data_dir)
+        if self.opts.token_auth_file is not None:
+            auth.add_static(read_token_file(self.opts.token_auth_file))
+        # The CA exists even with --insecure-http: kubelets still get serving
+        # certificates, and the API server verifies them before sending its token.
+        pki_dir = self.opts.data_dir / "pki"
+        ca_crt, _ = pki.ensure_ca(pki_dir)
         self.server = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER),
+                                 kubelet_ssl=pki.client_context(ca_crt),
                                  images_dir=self.opts.data_dir / "images")
+        self.server.pki_dir = pki_dir
         await self.server.ensure_defaults()
         CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))
         podreplacement.install(self.server)
@@ -66,8 +75,6 @@ class ControlPlane:
         await self.runner.setup()
         ssl_ctx, ca_pem = None, None
         if not self.opts.insecure_http:
-            pki_dir = self.opts.data_dir / "pki"
-            ca_crt, _ = pki.ensure_ca(pki_dir)
             crt, key = pki.issue_serving_cert(pki_dir, "apiserver", pki.default_hosts(self.opts.host))
             ssl_ctx, ca_pem = pki.server_context(crt, key), ca_crt.read_bytes()
         site = web.TCPSite(self.runner, self.opts.host, self.opts.port, reuse_address=True,
@@ -86,8 +93,8 @@ class ControlPlane:
         await self.controllers.start()
         if self.opts.kubelet is not None:
             # The control plane's node joins like any worker: over the API, with the
-            # node bootstrap token.
-            self.node_client = Client(self.url, auth.token_for("system:bootstrap:kube32"), ca_pem=ca_pem,
+            # node bootstrap token (the kubelet trades it for its own at start).
+            self.node_client = Client(self.url, auth.token_for(BOOTSTRAP_USER), ca_pem=ca_pem,
                                       user_agent=f"kubelet/{self.opts.kubelet.node_name}")
             self.kubelet = Kubelet(self.node_client, self.opts.kubelet)
             await self.kubelet.start()

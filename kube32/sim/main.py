@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from ..apiserver.auth import TokenFileError
 from ..controllers.base import ControllerOptions
 from .controlplane import ControlPlaneOptions, run_control_plane
 from .worker import add_node_flags, kubelet_options, run_worker
@@ -60,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--host", default="127.0.0.1", help="address to listen on")
     cp.add_argument("--insecure-http", action="store_true",
                     help="serve plain HTTP instead of TLS (kubectl then sends no token: debugging only)")
+    cp.add_argument("--token-auth-file", type=Path, metavar="FILE",
+                    help='static bearer tokens, CSV lines token,user,uid,"group1,group2" '
+                         "(as kube-apiserver's --token-auth-file)")
     add_control_plane_timings(cp)
     cp.add_argument("--node-name", default="devkit", help="the control plane's own node (default devkit)")
     cp.add_argument("--no-kubelet", action="store_true", help="run no node on the control plane")
@@ -94,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 args, args.node_name, control_plane=True, data_dir=args.data_dir / "nodes" / args.node_name)
             opts = ControlPlaneOptions(data_dir=args.data_dir, host=args.host, port=args.port,
                                        insecure_http=args.insecure_http, kubelet=kubelet,
+                                       token_auth_file=args.token_auth_file,
                                        controllers=ControllerOptions(
                                            node_monitor_grace_seconds=args.node_monitor_grace_period,
                                            pod_eviction_timeout_seconds=args.pod_eviction_timeout,
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 if value is not None:
                     cp_args += [flag, f"{value:g}s"]
             return asyncio.run(run_up(args.data_dir, args.workers, args.port, node_args, cp_args))
-    except OSError as e:
+    except (OSError, TokenFileError) as e:
         print(f"kube32-sim: cannot start {args.command}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,0 +1,359 @@
+"""Authorization: the chain every authenticated request passes, and access reviews.
+
+Order, as kube-apiserver's ``--authorization-mode=Node,RBAC`` with the
+``system:masters`` short cut:
+
+1. ``system:masters`` may do anything (the admin, and the API server's own
+   identity the controllers use).
+2. The node authorizer (:class:`NodeAuthorizer`) decides every request of a node
+   (user ``system:node:<name>`` in group ``system:nodes``) on the kinds a kubelet
+   uses; it gives no opinion on the rest.
+3. RBAC (:mod:`.rbac`).
+
+Invariants:
+
+* Attributes come from the URL and method alone (:func:`request_attributes`), as
+  Kubernetes' RequestInfo: GET -> get/list/watch, POST -> create, PUT -> update,
+  PATCH -> patch, DELETE -> delete/deletecollection; a subresource is
+  ``plural/sub`` (``pods/log``, ``nodes/proxy``, ``checkpoints/data``).
+* What a URL cannot tell (the name of an object being created) is checked after
+  decoding by :func:`admit`, so a node cannot create another node's Node or Lease.
+* A node reads only what its pods need: its pods (list/watch only with
+  ``fieldSelector=spec.nodeName=<itself>``), the ConfigMaps and Secrets they
+  name, and the Checkpoint data their ``kube32.io/restore-from`` names; it writes
+  only its own Node, Lease and its pods' status.  Everything else of these kinds
+  is a 403 that says why.
+* A refusal is a 403 whose message is Kubernetes', word for word:
+  ``pods "x" is forbidden: User "jane" cannot get resource "pods" in API group ""
+  in the namespace "default"``.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Mapping
+
+from aiohttp import web
+
+from . import bodies, errors
+from .auth import User
+from .rbac import AUTHENTICATED, MASTERS, Attributes, RBACAuthorizer
+
+NODES_GROUP = "system:nodes"
+NODE_PREFIX = "system:node:"
+RESTORE_FROM = "kube32.io/restore-from"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+_NAMESPACE_SUBRESOURCES = ("status", "finalize")
+_METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+class Decision(enum.Enum):
+    ALLOW = "allow"
+    DENY = "deny"
+    NO_OPINION = "no-opinion"
+
+
+def groups_of(user: User) -> tuple[str, ...]:
+    return tuple(user.groups) + ((AUTHENTICATED,) if AUTHENTICATED not in user.groups else ())
+
+
+def request_attributes(user: User, method: str, path: str, query: Mapping[str, str]) -> Attributes:
+    """Kubernetes' RequestInfo for a request (verb, group, resource, name, ...)."""
+    groups = groups_of(user)
+    parts = [p for p in path.strip("/").split("/")]
+    if len(parts) >= 3 and parts[0] == "api":
+        group, rest = "", parts[2:]
+    elif len(parts) >= 4 and parts[0] == "apis":
+        group, rest = parts[1], parts[3:]
+    else:
+        return Attributes(user.name, groups, method.lower(), path=path or "/", resource_request=False,
+                          uid=user.uid)
+    ns = ""
+    if rest[0] == "namespaces" and len(rest) > 1:
+        ns = rest[1]
+        if len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
+            rest = rest[2:]
+    resource = rest[0]
+    name = rest[1] if len(rest) > 1 else ""
+    sub = rest[2] if len(rest) > 2 else ""
+    if resource == "topics":   # a topic's name may hold slashes
+        name, sub = "/".join(rest[1:]), ""
+    watch = (query.get("watch") or "").lower() in ("1", "true")
+    if method in ("GET", "HEAD"):
+        verb = "watch" if watch else "get" if name else "list"
+    elif method == "DELETE":
+        verb = "delete" if name else "deletecollection"
+    else:
+        verb = _METHOD_VERBS.get(method, method.lower())
+    return Attributes(user.name, groups, verb, ns, group, resource, sub, name,
+                      field_selector=query.get("fieldSelector", ""), uid=user.uid)
+
+
+def forbidden(attrs: Attributes, reason: str = "") -> errors.APIError:
+    """A 403 worded as Kubernetes words it."""
+    why = f": {reason}" if reason else ""
+    if not attrs.resource_request:
+        return errors.APIError(403, "Forbidden", f'forbidden: User "{attrs.user}" cannot {attrs.verb} '
+                                                 f'path "{attrs.path}"{why}', details={})
+    qualified = errors.qualified(attrs.resource, attrs.api_group)
+    where = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
+    text = (f'User "{attrs.user}" cannot {attrs.verb} resource "{attrs.full_resource}" in API group '
+            f'"{attrs.api_group}" {where}{why}')
+    head = f'{qualified} "{attrs.name}" is forbidden' if attrs.name else f"{qualified} is forbidden"
+    details: dict[str, Any] = {"kind": attrs.resource}
+    if attrs.name:
+        details["name"] = attrs.name
+    if attrs.api_group:
+        details["group"] = attrs.api_group
+    return errors.APIError(403, "Forbidden", f"{head}: {text}", details=details)
+
+
+# --- the node authorizer -------------------------------------------------------------
+def node_name(attrs: Attributes) -> str | None:
+    if NODES_GROUP in attrs.groups and attrs.user.startswith(NODE_PREFIX):
+        return attrs.user[len(NODE_PREFIX):] or None
+    return None
+
+
+def pod_references(pod: dict[str, Any]) -> dict[str, set[str]]:
+    """The ConfigMaps, Secrets and Checkpoints a pod names."""
+    spec = pod.get("spec") or {}
+    refs: dict[str, set[str]] = {"configmaps": set(), "secrets": set(), "checkpoints": set()}
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        if not isinstance(c, dict):
+            continue
+        for src in c.get("envFrom") or []:
+            if (src or {}).get("configMapRef"):
+                refs["configmaps"].add(src["configMapRef"].get("name", ""))
+            if (src or {}).get("secretRef"):
+                refs["secrets"].add(src["secretRef"].get("name", ""))
+        for e in c.get("env") or []:
+            vf = (e or {}).get("valueFrom") or {}
+            if vf.get("configMapKeyRef"):
+                refs["configmaps"].add(vf["configMapKeyRef"].get("name", ""))
+            if vf.get("secretKeyRef"):
+                refs["secrets"].add(vf["secretKeyRef"].get("name", ""))
+    for v in spec.get("volumes") or []:
+        if not isinstance(v, dict):
+            continue
+        if v.get("configMap"):
+            refs["configmaps"].add(v["configMap"].get("name", ""))
+        if v.get("secret"):
+            refs["secrets"].add(v["secret"].get("secretName", ""))
+        for p in (v.get("projected") or {}).get("sources") or []:
+            if (p or {}).get("configMap"):
+                refs["configmaps"].add(p["configMap"].get("name", ""))
+            if (p or {}).get("secret"):
+                refs["secrets"].add(p["secret"].get("name", ""))
+    restore = ((pod.get("metadata") or {}).get("annotations") or {}).get(RESTORE_FROM)
+    if restore:
+        refs["checkpoints"].add(str(restore))
+    for k in refs:
+        refs[k].discard("")
+    return refs
+
+
+def _selects_node(field_selector: str, node: str) -> bool:
+    terms = [t.strip() for t in field_selector.split(",") if t.strip()]
+    return any(t in (f"spec.nodeName={node}", f"spec.nodeName=={node}") for t in terms)
+
+
+_NO_RELATION = "no relationship found between node '{node}' and this object"
+
+
+class NodeAuthorizer:
+    """Kubernetes' node authorizer, reduced to what a Kube32 kubelet does."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+
+    async def _pods_on(self, node: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        from .resources import by_plural
+        from .selectors import parse_field_selector
+        pods, _ = await self.registry.list(by_plural("pods"), namespace or None,
+                                           None, parse_field_selector(f"spec.nodeName={node}"))
+        return pods
+
+    async def _pod_is_on(self, node: str, namespace: str, name: str) -> bool:
+        from .resources import by_plural
+        pod = await self.registry.try_get(by_plural("pods"), namespace, name)
+        return pod is not None and (pod.get("spec") or {}).get("nodeName") == node
+
+    async def _referenced(self, node: str, kind: str, namespace: str, name: str) -> bool:
+        return any(name in pod_references(p)[kind] for p in await self._pods_on(node, namespace))
+
+    async def authorize(self, a: Attributes) -> tuple[Decision, str]:
+        node = node_name(a)
+        if node is None or not a.resource_request:
+            return Decision.NO_OPINION, ""
+        deny = _NO_RELATION.format(node=node)
+        key = (a.api_group, a.resource)
+        if key == ("", "nodes"):
+            if a.subresource == "" and a.verb in ("get", "list", "watch", "create"):
+                return Decision.ALLOW, ""   # create: the name is checked by admit()
+            if a.subresource in ("", "status") and a.verb in ("get", "update", "patch", "delete") and a.name == node:
+                return Decision.ALLOW, ""
+            return Decision.DENY, f"node '{node}' may only change its own Node"
+        if key == ("", "pods"):
+            return await self._pods(a, node, deny)
+        if key in (("", "configmaps"), ("", "secrets")):
+            if a.verb == "get" and not a.subresource and a.name and \
+                    await self._referenced(node, a.resource, a.namespace, a.name):
+                return Decision.ALLOW, ""
+            return Decision.DENY, deny
+        if key == ("kube32.io", "checkpoints"):
+            if a.verb == "get" and a.subresource in ("", "data") and a.name and \
+                    await self._referenced(node, "checkpoints", a.namespace, a.name):
+                return Decision.ALLOW, ""
+            return Decision.DENY, deny
+        if key == ("coordination.k8s.io", "leases"):
+            if a.namespace == NODE_LEASE_NAMESPACE and not a.subresource and (
+                    a.name == node or (a.verb == "create" and not a.name)):
+                return Decision.ALLOW, ""
+            return Decision.DENY, f"node '{node}' may only use its own Lease"
+        if key in (("", "events"), ("events.k8s.io", "events")) and a.verb in ("create", "update", "patch"):
+            return Decision.ALLOW, ""
+        if key in (("authentication.k8s.io", "tokenreviews"),
+                   ("authorization.k8s.io", "subjectaccessreviews")) and a.verb == "create":
+            return Decision.ALLOW, ""
+        if a.api_group == "kube32.io":
+            if a.resource == "images" and a.verb == "get":
+                return Decision.ALLOW, ""
+            if a.resource == "topics" and a.verb == "create":
+                return Decision.ALLOW, ""
+            if a.resource == "topicevents" and a.verb in ("get", "list", "watch"):
+                return Decision.ALLOW, ""
+            if a.resource == "nodecredentials" and a.verb == "create" and a.name == node:
+                return Decision.ALLOW, ""
+        return Decision.NO_OPINION, ""
+
+    async def _pods(self, a: Attributes, node: str, deny: str) -> tuple[Decision, str]:
+        if a.verb in ("list", "watch") and not a.subresource:
+            if _selects_node(a.field_selector, node):
+                return Decision.ALLOW, ""
+            return Decision.DENY, f"node '{node}' may only list and watch pods with fieldSelector spec.nodeName={node}"
+        allowed = {"": ("get", "delete"), "status": ("get", "update", "patch"), "eviction": ("create",)}
+        if a.verb in allowed.get(a.subresource, ()) and a.name and \
+                await self._pod_is_on(node, a.namespace, a.name):
+            return Decision.ALLOW, ""
+        return Decision.DENY, deny
+
+
+class Authorizer:
+    """system:masters, then the node authorizer, then RBAC."""
+
+    def __init__(self, registry: Any) -> None:
+        self.node = NodeAuthorizer(registry)
+        self.rbac = RBACAuthorizer(registry)
+
+    async def authorize(self, attrs: Attributes) -> tuple[bool, str]:
+        if MASTERS in attrs.groups:
+            return True, ""
+        decision, reason = await self.node.authorize(attrs)
+        if decision is Decision.ALLOW:
+            return True, reason
+        if decision is Decision.DENY:
+            return False, reason
+        return await self.rbac.authorize(attrs)
+
+
+def admit(user: User, plural: str, namespace: str | None, obj: Any) -> None:
+    """Checks on a created object's body that the URL could not express (NodeRestriction)."""
+    attrs = Attributes(user.name, groups_of(user), "create", namespace or "",
+                       "coordination.k8s.io" if plural == "leases" else "", plural)
+    node = node_name(attrs)
+    if node is None or not isinstance(obj, dict):
+        return
+    name = (obj.get("metadata") or {}).get("name", "")
+    if plural in ("nodes", "leases") and name != node:
+        raise forbidden(Attributes(user.name, attrs.groups, "create", namespace or "", attrs.api_group,
+                                   plural, name=name), f"node '{node}' cannot create a {plural[:-1]} "
+                                                       f"named '{name}'")
+
+
+# --- access reviews ------------------------------------------------------------------
+def review_attributes(user: str, groups: tuple[str, ...], spec: dict[str, Any], uid: str = "",
+                      namespace: str | None = None) -> Attributes:
+    ra = spec.get("resourceAttributes")
+    if isinstance(ra, dict):
+        return Attributes(user, groups, str(ra.get("verb", "")),
+                          namespace if namespace is not None else str(ra.get("namespace", "") or ""),
+                          str(ra.get("group", "") or ""), str(ra.get("resource", "") or ""),
+                          str(ra.get("subresource", "") or ""), str(ra.get("name", "") or ""),
+                          field_selector=str(((ra.get("fieldSelector") or {}).get("rawSelector")) or ""),
+                          uid=uid)
+    nra = spec.get("nonResourceAttributes")
+    if isinstance(nra, dict):
+        return Attributes(user, groups, str(nra.get("verb", "")), path=str(nra.get("path", "")),
+                          resource_request=False, uid=uid)
+    raise errors.invalid("SubjectAccessReview", "", [
+        ("spec.resourceAttributes", "Required value: exactly one of nonResourceAttributes or "
+                                    "resourceAttributes must be specified")], "authorization.k8s.io")
+
+
+def _review_response(kind: str, body: dict[str, Any], spec: dict[str, Any], allowed: bool,
+                     reason: str) -> web.Response:
+    from .server import json_response
+    status: dict[str, Any] = {"allowed": allowed}
+    if reason:
+        status["reason"] = reason
+    md = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    return json_response({"kind": kind, "apiVersion": "authorization.k8s.io/v1", "metadata": md,
+                          "spec": spec, "status": status}, 201)
+
+
+async def _review_body(request: web.Request, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), f"cannot create {what}")
+    if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+        raise errors.bad_request(f"cannot create {what}: the body must be an object with a spec")
+    return body, body["spec"]
+
+
+def add_routes(router: web.UrlDispatcher, authorizer: Authorizer) -> None:
+    """The authorization.k8s.io/v1 reviews (before the generic resource routes)."""
+    base = "/apis/authorization.k8s.io/v1"
+
+    async def self_review(request: web.Request) -> web.Response:
+        user: User = request["user"]
+        body, spec = await _review_body(request, "selfsubjectaccessreviews")
+        attrs = review_attributes(user.name, groups_of(user), spec, user.uid)
+        allowed, reason = await authorizer.authorize(attrs)
+        return _review_response("SelfSubjectAccessReview", body, spec, allowed, reason)
+
+    async def subject_review(request: web.Request) -> web.Response:
+        body, spec = await _review_body(request, "subjectaccessreviews")
+        groups = tuple(g for g in spec.get("groups") or [] if isinstance(g, str))
+        user = str(spec.get("user") or "")
+        if not user and not groups:
+            raise errors.invalid("SubjectAccessReview", "", [
+                ("spec.user", "Invalid value: at least one of user or group must be specified")],
+                "authorization.k8s.io")
+        ns = request.match_info.get("ns")
+        attrs = review_attributes(user, groups, spec, str(spec.get("uid") or ""), ns)
+        allowed, reason = await authorizer.authorize(attrs)
+        kind = "LocalSubjectAccessReview" if ns is not None else "SubjectAccessReview"
+        return _review_response(kind, body, spec, allowed, reason)
+
+    async def rules_review(request: web.Request) -> web.Response:
+        from .server import json_response
+        user: User = request["user"]
+        body, spec = await _review_body(request, "selfsubjectrulesreviews")
+        ns = str(spec.get("namespace") or "")
+        attrs = Attributes(user.name, groups_of(user), "")
+        if MASTERS in attrs.groups:
+            rules = [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]},
+                     {"verbs": ["*"], "nonResourceURLs": ["*"]}]
+        else:
+            rules = await authorizer.rbac.rules_for(attrs, ns)
+        resource_rules = [{k: r[k] for k in ("verbs", "apiGroups", "resources", "resourceNames") if r.get(k)}
+                          for r in rules if isinstance(r, dict) and r.get("resources")]
+        url_rules = [{"verbs": r.get("verbs", []), "nonResourceURLs": r["nonResourceURLs"]}
+                     for r in rules if isinstance(r, dict) and r.get("nonResourceURLs")]
+        return json_response({"kind": "SelfSubjectRulesReview", "apiVersion": "authorization.k8s.io/v1",
+                              "metadata": {}, "spec": spec,
+                              "status": {"resourceRules": resource_rules, "nonResourceRules": url_rules,
+                                         "incomplete": node_name(attrs) is not None}}, 201)
+
+    router.add_post(f"{base}/selfsubjectaccessreviews", self_review)
+    router.add_post(f"{base}/subjectaccessreviews", subject_review)
+    router.add_post(f"{base}/namespaces/{{ns}}/localsubjectaccessreviews", subject_review)
+    router.add_post(f"{base}/selfsubjectrulesreviews", rules_review)

@@ -1,0 +1,81 @@
+"""Joining a cluster: the bootstrap token buys the node its own identity.
+
+At start the kubelet makes a key pair for its endpoint, sends a certificate
+signing request to ``POST /apis/kube32.io/v1/nodecredentials/<node>`` with the
+client it was given (the bootstrap token), and receives its own token (user
+``system:node:<node>``, group ``system:nodes``) and a serving certificate signed
+by the cluster CA.  From then on the client carries the node's token, so the
+node authorizer limits what this kubelet can read and write; the key never
+leaves the node.  Without a CSR (``--kubelet-insecure-http``) the node still gets
+its token but serves plain HTTP.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import ssl
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from ..client import ApiError, Client
+
+
+@dataclass(frozen=True)
+class NodeCredentials:
+    user: str
+    token: str
+    certificate: bytes   # PEM, empty without a CSR
+    key: bytes           # PEM, the private key of the certificate
+    ca: bytes
+
+
+def make_csr(node: str, hosts: list[str]) -> tuple[bytes, bytes]:
+    """(key PEM, CSR PEM) for the node's endpoint at ``hosts``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for h in dict.fromkeys(h for h in hosts if h):
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}")]))
+           .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+           .sign(key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return key_pem, csr.public_bytes(serialization.Encoding.PEM)
+
+
+async def join(client: Client, node: str, hosts: list[str], *, serving_cert: bool = True) -> NodeCredentials:
+    """Trade the client's (bootstrap) token for the node's credentials; the client
+    carries the node's token afterwards."""
+    key_pem, csr_pem = make_csr(node, hosts) if serving_cert else (b"", b"")
+    body = {"csr": csr_pem.decode()} if serving_cert else {}
+    try:
+        out = await client._json("POST", f"/apis/kube32.io/v1/nodecredentials/{node}", body=body)
+    except ApiError as e:
+        raise ApiError(e.code, e.reason, f"node {node} could not join the cluster: {e.message}") from None
+    await client.close()            # the next session carries the node's own token
+    client.token = out["token"]
+    return NodeCredentials(out.get("user", f"system:node:{node}"), out["token"],
+                           (out.get("certificate") or "").encode(), key_pem, (out.get("ca") or "").encode())
+
+
+def server_context(creds: NodeCredentials, directory: Path | None = None) -> ssl.SSLContext:
+    """A TLS server context with the node's certificate (files written 0600, as ssl needs paths)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        crt, key = Path(tmp) / "kubelet.crt", Path(tmp) / "kubelet.key"
+        for path, data in ((crt, creds.certificate), (key, creds.key)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        ctx.load_cert_chain(crt, key)
+    return ctx

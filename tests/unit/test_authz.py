@@ -1,0 +1,188 @@
+"""The authorizer chain: request attributes, Kubernetes' 403 wording, the node authorizer,
+node-restriction admission, the static token file and node credentials."""
+from __future__ import annotations
+
+import asyncio
+import functools
+from pathlib import Path
+
+import pytest
+
+from kube32.apiserver import authz, pki
+from kube32.apiserver.auth import TokenAuthenticator, TokenFileError, User, read_token_file
+from kube32.apiserver.errors import APIError
+from kube32.apiserver.registry import Registry
+from kube32.apiserver.resources import by_plural
+from kube32.kubelet.join import make_csr
+from kube32.store import SQLiteStore
+
+JANE = User("jane", ("dev",))
+NODE_A = User("system:node:a", ("system:nodes",))
+
+
+def in_loop(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+    return run
+
+
+@pytest.mark.parametrize("method,path,query,want", [
+    ("GET", "/api/v1/namespaces/default/pods", {}, ("list", "default", "", "pods", "", "")),
+    ("GET", "/api/v1/namespaces/default/pods", {"watch": "true"}, ("watch", "default", "", "pods", "", "")),
+    ("GET", "/api/v1/namespaces/default/pods/x", {}, ("get", "default", "", "pods", "", "x")),
+    ("GET", "/api/v1/namespaces/default/pods/x/log", {}, ("get", "default", "", "pods", "log", "x")),
+    ("POST", "/api/v1/namespaces/default/pods/x/eviction", {}, ("create", "default", "", "pods", "eviction", "x")),
+    ("PATCH", "/api/v1/nodes/n/status", {}, ("patch", "", "", "nodes", "status", "n")),
+    ("GET", "/api/v1/nodes/n/proxy/checkpoint/a/b", {}, ("get", "", "", "nodes", "proxy", "n")),
+    ("DELETE", "/api/v1/namespaces/default/pods", {}, ("deletecollection", "default", "", "pods", "", "")),
+    ("DELETE", "/api/v1/namespaces/ns1", {}, ("delete", "ns1", "", "namespaces", "", "ns1")),
+    ("PUT", "/api/v1/namespaces/ns1/finalize", {}, ("update", "ns1", "", "namespaces", "finalize", "ns1")),
+    ("PUT", "/apis/kube32.io/v1/namespaces/d/checkpoints/c/data", {},
+     ("update", "d", "kube32.io", "checkpoints", "data", "c")),
+    ("POST", "/apis/kube32.io/v1/namespaces/d/topics/a/b", {}, ("create", "d", "kube32.io", "topics", "", "a/b")),
+    ("GET", "/apis/kube32.io/v1/topicevents", {"watch": "true"}, ("watch", "", "kube32.io", "topicevents", "", "")),
+    ("GET", "/apis/kube32.io/v1/images/abc", {}, ("get", "", "kube32.io", "images", "", "abc")),
+    ("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", {},
+     ("create", "", "authorization.k8s.io", "selfsubjectaccessreviews", "", "")),
+])
+def test_request_attributes_follow_request_info(method, path, query, want) -> None:
+    a = authz.request_attributes(JANE, method, path, query)
+    assert a.resource_request
+    assert (a.verb, a.namespace, a.api_group, a.resource, a.subresource, a.name) == want
+    assert a.groups == ("dev", "system:authenticated")
+
+
+@pytest.mark.parametrize("path", ["/api", "/apis", "/apis/apps", "/apis/apps/v1", "/api/v1", "/openapi/v3"])
+def test_discovery_paths_are_non_resource(path: str) -> None:
+    a = authz.request_attributes(JANE, "GET", path, {})
+    assert not a.resource_request and a.path == path and a.verb == "get"
+
+
+def test_forbidden_messages_are_kubernetes_words() -> None:
+    e = authz.forbidden(authz.request_attributes(JANE, "GET", "/api/v1/namespaces/default/pods/x", {}))
+    assert e.code == 403 and e.reason == "Forbidden"
+    assert e.message == ('pods "x" is forbidden: User "jane" cannot get resource "pods" in API group "" '
+                         'in the namespace "default"')
+    e = authz.forbidden(authz.request_attributes(JANE, "GET", "/api/v1/nodes", {}))
+    assert e.message == 'nodes is forbidden: User "jane" cannot list resource "nodes" in API group "" at the cluster scope'
+    e = authz.forbidden(authz.request_attributes(JANE, "GET", "/apis/kube32.io/v1/namespaces/d/checkpoints/c/data", {}))
+    assert e.message == ('checkpoints.kube32.io "c" is forbidden: User "jane" cannot get resource '
+                         '"checkpoints/data" in API group "kube32.io" in the namespace "d"')
+    assert e.details == {"kind": "checkpoints", "name": "c", "group": "kube32.io"}
+    e = authz.forbidden(authz.request_attributes(JANE, "GET", "/metrics", {}))
+    assert e.message == 'forbidden: User "jane" cannot get path "/metrics"'
+    e = authz.forbidden(authz.request_attributes(NODE_A, "GET", "/api/v1/namespaces/d/secrets/s", {}), "why")
+    assert e.message.endswith('in the namespace "d": why')
+
+
+def _pod(name: str, node: str, **spec) -> dict:
+    ann = spec.pop("annotations", {})
+    return {"metadata": {"name": name, "namespace": "default", "annotations": ann},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "wasm://x", **spec}],
+                     **({"volumes": spec.pop("volumes")} if "volumes" in spec else {})}}
+
+
+@in_loop
+async def test_node_authorizer_reads_only_what_its_pods_use(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        reg = Registry(store)
+        await reg.create(by_plural("namespaces"), None, {"metadata": {"name": "default"}}, check_namespace=False)
+        pods = by_plural("pods")
+        await reg.create(pods, "default", _pod("mine", "a", env=[
+            {"name": "X", "valueFrom": {"secretKeyRef": {"name": "env-secret", "key": "k"}}}],
+            envFrom=[{"configMapRef": {"name": "env-cm"}}], annotations={"kube32.io/restore-from": "ck-mine"}))
+        vol = _pod("vol", "a")
+        vol["spec"]["volumes"] = [{"name": "v", "secret": {"secretName": "vol-secret"}}]
+        await reg.create(pods, "default", vol)
+        await reg.create(pods, "default", _pod("theirs", "b", envFrom=[{"secretRef": {"name": "their-secret"}}],
+                                               annotations={"kube32.io/restore-from": "ck-theirs"}))
+        chain = authz.Authorizer(reg)
+
+        async def can(method: str, path: str, query: dict | None = None, user: User = NODE_A) -> bool:
+            return (await chain.authorize(authz.request_attributes(user, method, path, query or {})))[0]
+        base = "/api/v1/namespaces/default"
+        assert await can("GET", f"{base}/pods/mine")
+        assert not await can("GET", f"{base}/pods/theirs")
+        assert await can("GET", "/api/v1/pods", {"fieldSelector": "spec.nodeName=a"})
+        assert await can("GET", "/api/v1/pods", {"fieldSelector": "spec.nodeName=a", "watch": "1"})
+        assert not await can("GET", "/api/v1/pods")
+        assert not await can("GET", "/api/v1/pods", {"fieldSelector": "spec.nodeName=b"})
+        assert await can("PATCH", f"{base}/pods/mine/status")
+        assert not await can("PATCH", f"{base}/pods/theirs/status")
+        assert not await can("PATCH", f"{base}/pods/mine")
+        assert await can("DELETE", f"{base}/pods/mine")
+        assert not await can("DELETE", f"{base}/pods/theirs")
+        assert await can("GET", f"{base}/secrets/env-secret") and await can("GET", f"{base}/secrets/vol-secret")
+        assert await can("GET", f"{base}/configmaps/env-cm")
+        assert not await can("GET", f"{base}/secrets/their-secret")
+        assert not await can("GET", f"{base}/secrets")
+        ck = "/apis/kube32.io/v1/namespaces/default/checkpoints"
+        assert await can("GET", f"{ck}/ck-mine/data")
+        assert not await can("GET", f"{ck}/ck-theirs/data")
+        assert not await can("PUT", f"{ck}/ck-mine/data")
+        assert await can("PATCH", "/api/v1/nodes/a/status") and await can("PATCH", "/api/v1/nodes/a")
+        assert not await can("PATCH", "/api/v1/nodes/b/status")
+        assert not await can("GET", "/api/v1/nodes/a/proxy/healthz")
+        lease = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+        assert await can("PATCH", f"{lease}/a") and not await can("PATCH", f"{lease}/b")
+        assert await can("POST", f"{base}/events")
+        assert await can("POST", "/apis/authentication.k8s.io/v1/tokenreviews")
+        assert await can("GET", "/apis/kube32.io/v1/images/abc")
+        assert not await can("POST", "/apis/kube32.io/v1/images")
+        assert await can("POST", "/apis/kube32.io/v1/namespaces/default/topics/t")
+        assert await can("GET", "/apis/kube32.io/v1/topicevents", {"watch": "true"})
+        assert not await can("GET", "/api/v1/namespaces")        # RBAC: nothing bound to nodes
+        # A user named like a node but without the nodes group is no node.
+        assert not await can("GET", f"{base}/pods/mine", user=User("system:node:a"))
+        # The reason says why.
+        _, why = await chain.authorize(authz.request_attributes(NODE_A, "GET", f"{base}/secrets/their-secret", {}))
+        assert why == "no relationship found between node 'a' and this object"
+    finally:
+        await store.close()
+
+
+def test_admission_keeps_a_node_to_its_own_node_and_lease() -> None:
+    authz.admit(NODE_A, "nodes", None, {"metadata": {"name": "a"}})
+    authz.admit(NODE_A, "leases", "kube-node-lease", {"metadata": {"name": "a"}})
+    authz.admit(JANE, "nodes", None, {"metadata": {"name": "b"}})
+    for plural, ns in (("nodes", None), ("leases", "kube-node-lease")):
+        with pytest.raises(APIError) as e:
+            authz.admit(NODE_A, plural, ns, {"metadata": {"name": "b"}})
+        assert e.value.code == 403 and "node 'a' cannot create" in e.value.message
+
+
+def test_static_token_file(tmp_path: Path) -> None:
+    f = tmp_path / "tokens.csv"
+    f.write_text('# comment\nt-jane,jane,u1,"dev,ops"\nt-bob,bob,u2\n')
+    users = read_token_file(f)
+    assert users["t-jane"] == User("jane", ("dev", "ops"), "u1") and users["t-bob"].groups == ()
+    f.write_text("only-a-token\n")
+    with pytest.raises(TokenFileError, match="tokens.csv:1"):
+        read_token_file(f)
+    with pytest.raises(TokenFileError, match="cannot read"):
+        read_token_file(tmp_path / "missing.csv")
+
+
+def test_node_tokens_replace_the_previous_one_and_persist(tmp_path: Path) -> None:
+    auth = TokenAuthenticator({}, tmp_path / "tokens.json")
+    auth.add_static({"static": User("system:node:a", ("system:nodes",))})
+    first = auth.issue_node_token("a")
+    second = auth.issue_node_token("a")
+    assert auth.authenticate(f"Bearer {first}") is None
+    assert auth.authenticate(f"Bearer {second}") == User("system:node:a", ("system:nodes",))
+    assert auth.authenticate("Bearer static") is not None     # static tokens are the file's business
+    assert "static" not in (tmp_path / "tokens.json").read_text()
+    assert second in (tmp_path / "tokens.json").read_text()
+
+
+def test_node_csr_is_signed_for_the_node_only(tmp_path: Path) -> None:
+    from cryptography import x509
+    _, csr = make_csr("a", ["127.0.0.1", "localhost"])
+    cert = x509.load_pem_x509_certificate(pki.sign_node_csr(tmp_path, csr, "a"))
+    assert cert.subject.rfc4514_string() == "CN=system:node:a,O=system:nodes"
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(v) for v in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    with pytest.raises(pki.CSRError, match="not a PEM CSR"):
+        pki.sign_node_csr(tmp_path, b"garbage", "a")
