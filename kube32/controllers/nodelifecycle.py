@@ -170,13 +170,20 @@ class NodeLifecycle(Controller):
         opts = self.ctx.options
         silent = self._silent_for(node)
         ready = condition_status(node, "Ready")
-        if silent >= opts.node_monitor_grace_seconds and ready != "Unknown":
-            node = await self._mark_unknown(node)
-            ready = "Unknown"
-        elif ready != "Unknown":
-            # Not overdue yet: look again when it would be.
-            self.queue.add_after(name, opts.node_monitor_grace_seconds - silent + 0.05)
-        node = await self._update_taints(node, ready)
+        try:
+            if silent >= opts.node_monitor_grace_seconds and ready != "Unknown":
+                node = await self._mark_unknown(node)
+                ready = "Unknown"
+            elif ready != "Unknown":
+                # Not overdue yet: look again when it would be.
+                self.queue.add_after(name, opts.node_monitor_grace_seconds - silent + 0.05)
+            node = await self._update_taints(node, ready)
+        except ApiError as e:
+            if e.code != 409:
+                raise
+            # The cache was behind our own (or the kubelet's) last write: look again shortly.
+            self.queue.add_after(name, 0.1)
+            return
         await self._evict_pods(node)
 
     async def _mark_unknown(self, node: Obj) -> Obj:
