@@ -9,6 +9,9 @@
 * assets: ConfigMap (and Secret) volumes mounted by the container; each key is a file
   at ``<mountPath>/<key>`` (or the ``items`` paths).
 * memory limit: ``resources.limits.memory``.
+* asset paths cannot leave their volume: a ``mountPath`` must be absolute and an
+  ``items[].path`` relative, and neither may hold a ``..`` element (Kubernetes
+  refuses the same), so no file of one volume lands in another.
 
 Anything missing or malformed raises :class:`ConfigError`, whose message goes to
 the container's waiting state (reason ``CreateContainerConfigError``).
@@ -133,7 +136,11 @@ async def _assets(pod: dict, container: dict, sources: _Sources) -> dict[str, by
         else:
             raise ConfigError(f'volume "{vol.get("name")}": only configMap and secret volumes exist on a Kube32 node')
         data = await sources.data(kind, name, bool(ref.get("optional")))
-        base = str(mount.get("mountPath", "")).rstrip("/")
+        mount_path = str(mount.get("mountPath", ""))
+        if not mount_path.startswith("/") or ".." in mount_path.split("/"):
+            raise ConfigError(f'volumeMount "{mount.get("name")}": mountPath "{mount_path}" must be an '
+                              "absolute path without '..'")
+        base = mount_path.rstrip("/")
         items = ref.get("items")
         pairs = [(i.get("key"), i.get("path") or i.get("key")) for i in items] if items else [(k, k) for k in (data or {})]
         for key, path in pairs:
@@ -141,8 +148,14 @@ async def _assets(pod: dict, container: dict, sources: _Sources) -> dict[str, by
                 break
             if key not in data:
                 raise ConfigError(f'configmap "{name}" has no key "{key}"')
+            _check_item_path(str(vol.get("name")), str(path))
             assets[f"{base}/{path}"] = data[key]
     return assets
+
+
+def _check_item_path(volume: str, path: str) -> None:
+    if not path or path.startswith("/") or ".." in path.split("/"):
+        raise ConfigError(f'volume "{volume}": item path "{path}" must be a relative path without \'..\'')
 
 
 async def pod_config(client: Client, pod: dict[str, Any], pod_ip: str,

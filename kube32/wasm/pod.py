@@ -876,7 +876,7 @@ class Pod:
 
     def _h_k32_fs_open(self, ptr: int, length: int) -> int:
         path = self._text(ptr, length)
-        if path is None:
+        if path is None or ".." in path.split("/"):   # never climb out of a volume
             return abi.K32_EINVAL
         assets = self.config.assets
         data = assets.get(path)

@@ -146,17 +146,21 @@ def test_module_whose_init_traps_is_in_crash_loop_back_off(sim_cluster: ControlP
 
 def test_kubelet_endpoint_admits_only_the_api_server(sim_cluster: ControlPlane) -> None:
     node = get_json(sim_cluster, "node", "sim-1")
-    base = f"http://127.0.0.1:{node['status']['daemonEndpoints']['kubeletEndpoint']['Port']}"
+    import ssl  # the kubelet serves TLS with a certificate from the cluster CA
+    assert node["metadata"]["annotations"]["kube32.io/kubelet-scheme"] == "https"
+    base = f"https://127.0.0.1:{node['status']['daemonEndpoints']['kubeletEndpoint']['Port']}"
+    ctx = ssl.create_default_context(cafile=str(sim_cluster.data_dir / "pki" / "ca.crt"))
     token = yaml.safe_load(sim_cluster.kubeconfig.read_text())["users"][0]["user"]["token"]
     codes = []
     for headers in ({}, {"Authorization": "Bearer not-a-token"}, {"Authorization": f"Bearer {token}"}):
         try:
-            urllib.request.urlopen(urllib.request.Request(base + "/containerLogs/default/x/main", headers=headers))
+            urllib.request.urlopen(urllib.request.Request(base + "/containerLogs/default/x/main", headers=headers),
+                                   context=ctx)
             codes.append(200)
         except urllib.error.HTTPError as e:
             codes.append(e.code)
     assert codes == [401, 401, 403]
-    assert urllib.request.urlopen(base + "/healthz").read() == b"ok\n"
+    assert urllib.request.urlopen(base + "/healthz", context=ctx).read() == b"ok\n"
 
 
 def test_keyboard_events_and_a_killed_worker_stops_renewing(sim_cluster: ControlPlane) -> None:
