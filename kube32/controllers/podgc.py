@@ -4,8 +4,9 @@ A bound pod's deletion is graceful: it gets a deletionTimestamp and its kubelet
 deletes it (grace 0) once stopped.  When that kubelet is gone that never happens,
 so this controller deletes with grace 0:
 
-* pods bound to a node that does not exist (checked against the API, not only
-  the cache: a pod may be bound to a node that registered a moment ago);
+* pods bound to a node that does not exist, once it has been missing for
+  ``node_monitor_grace_seconds`` (Kubernetes' quarantine: a node may register
+  just after its pods were bound) and the API confirms it (not only the cache);
 * terminating pods on a node that is not Ready (Unknown or False), once their
   deletion grace period has run out.
 
@@ -43,6 +44,7 @@ class PodGC(Controller):
         super().__init__(ctx)
         self.pods = ctx.informers.get(PODS)
         self.nodes = ctx.informers.get(NODES)
+        self._missing_since: dict[str, float] = {}  # node name -> when first seen missing (monotonic)
 
     async def run(self) -> None:
         await asyncio.gather(super().run(), self._scan())
@@ -50,10 +52,17 @@ class PodGC(Controller):
     async def _scan(self) -> None:
         while True:
             await asyncio.sleep(self.ctx.options.node_monitor_period_seconds)
+            self._note_missing_nodes()
             for pod in self.pods.list():
                 if self._candidate(pod, time.time()):
                     md = pod["metadata"]
                     self.queue.add(f"{md.get('namespace')}/{md['name']}")
+
+    def _note_missing_nodes(self) -> None:
+        wanted = {(p.get("spec") or {}).get("nodeName") for p in self.pods.list()} - {None, ""}
+        missing = {n for n in wanted if self.nodes.get(n) is None}
+        now = time.monotonic()
+        self._missing_since = {n: self._missing_since.get(n, now) for n in missing}
 
     def _candidate(self, pod: Obj, now: float) -> bool:
         node_name = (pod.get("spec") or {}).get("nodeName")
@@ -61,7 +70,8 @@ class PodGC(Controller):
             return False
         node = self.nodes.get(node_name)
         if node is None:
-            return True
+            since = self._missing_since.get(node_name)
+            return since is not None and time.monotonic() - since >= self.ctx.options.node_monitor_grace_seconds
         return (bool((pod.get("metadata") or {}).get("deletionTimestamp"))
                 and condition_status(node, "Ready") != "True" and grace_over(pod, now))
 
