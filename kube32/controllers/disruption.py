@@ -85,9 +85,6 @@ class DisruptionController(Controller):
                 "observedGeneration": md.get("generation", 1),
                 "lastTransitionTime": cond_old.get("lastTransitionTime") if cond_old.get("status") == want_status else _now()}
         status = {**old, **st.as_status(), "observedGeneration": md.get("generation", 1), "conditions": [cond]}
-        status.setdefault("disruptedPods", None)
-        if status.get("disruptedPods") is None:
-            status.pop("disruptedPods")
         if status == old:
             return
         try:
