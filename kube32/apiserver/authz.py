@@ -301,8 +301,85 @@ def _review_response(kind: str, body: dict[str, Any], spec: dict[str, Any], allo
                           "spec": spec, "status": status}, 201)
 
 
+def _proto_fields(data: bytes) -> dict[int, list[Any]]:
+    """Protobuf wire format: field number -> values (varints as int, length-delimited as bytes)."""
+    out: dict[int, list[Any]] = {}
+    i = 0
+
+    def varint() -> int:
+        nonlocal i
+        shift = value = 0
+        while True:
+            if i >= len(data) or shift > 63:
+                raise ValueError("truncated varint")
+            b = data[i]
+            i += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return value
+    while i < len(data):
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            val: Any = varint()
+        elif wire == 2:
+            n = varint()
+            if i + n > len(data):
+                raise ValueError("truncated field")
+            val, i = data[i:i + n], i + n
+        elif wire in (1, 5):
+            n = 8 if wire == 1 else 4
+            val, i = data[i:i + n], i + n
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        out.setdefault(field, []).append(val)
+    return out
+
+
+def _proto_strings(data: bytes, names: dict[int, str]) -> dict[str, str]:
+    fields = _proto_fields(data)
+    return {name: fields[n][-1].decode() for n, name in names.items()
+            if n in fields and isinstance(fields[n][-1], bytes)}
+
+
+_RESOURCE_ATTRS = {1: "namespace", 2: "verb", 3: "group", 4: "version", 5: "resource", 6: "subresource", 7: "name"}
+_NON_RESOURCE_ATTRS = {1: "path", 2: "verb"}
+
+
+def decode_review_protobuf(raw: bytes) -> dict[str, Any]:
+    """An access review sent as Kubernetes protobuf (kubectl's typed clients do):
+    runtime.Unknown{2: raw} -> review{2: spec} -> spec{1: resourceAttributes, 2: nonResourceAttributes
+    (SelfSubjectAccessReview) | 1/2 the same, 3 user, 4 groups, 6 uid (SubjectAccessReview)}."""
+    try:
+        unknown = _proto_fields(raw[4:])
+        review = _proto_fields(unknown[2][-1])
+        spec_raw = review.get(2, [b""])[-1]
+        spec_fields = _proto_fields(spec_raw)
+        spec: dict[str, Any] = {}
+        if 1 in spec_fields:
+            spec["resourceAttributes"] = _proto_strings(spec_fields[1][-1], _RESOURCE_ATTRS)
+        if 2 in spec_fields:
+            spec["nonResourceAttributes"] = _proto_strings(spec_fields[2][-1], _NON_RESOURCE_ATTRS)
+        if 3 in spec_fields:
+            spec["user"] = spec_fields[3][-1].decode()
+        if 4 in spec_fields:
+            spec["groups"] = [g.decode() for g in spec_fields[4]]
+        if 6 in spec_fields:
+            spec["uid"] = spec_fields[6][-1].decode()
+        if 1 in spec_fields and not isinstance(spec_fields[1][-1], bytes):
+            raise ValueError("bad resourceAttributes")
+        return {"spec": spec}
+    except (ValueError, KeyError, IndexError, UnicodeDecodeError, AttributeError) as e:
+        raise errors.bad_request(f"the protobuf body could not be decoded: {e}") from None
+
+
 async def _review_body(request: web.Request, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), f"cannot create {what}")
+    raw = await bodies.read_raw(request)
+    if raw.startswith(b"k8s\x00"):
+        body: Any = decode_review_protobuf(raw)
+    else:
+        body = bodies.decode(raw, bodies.media_type(request), f"cannot create {what}")
     if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
         raise errors.bad_request(f"cannot create {what}: the body must be an object with a spec")
     return body, body["spec"]

@@ -1,6 +1,7 @@
 """The kubelet's endpoint: what the API server forwards to this node.
 
-Plain HTTP for now (TLS comes with the security work).  Every request but
+TLS with the node's certificate from the cluster CA (see :mod:`.join`; plain
+HTTP only with ``--kubelet-insecure-http``).  Every request but
 ``/healthz`` carries a bearer token, checked with the API server's TokenReview
 (positive answers cached for :data:`AUTH_CACHE_SECONDS`); only the API server's
 own identity (``system:kube-apiserver``) may call: 401 without a valid token,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .kubelet import Kubelet
 
 AUTH_CACHE_SECONDS = 60.0
+MAX_BODY = 16 << 20          # a request body for a pod; larger ones are refused with 413
 ALLOWED_USER = "system:kube-apiserver"
 PUBLIC = frozenset({"/healthz"})
 Handler = Callable[["Kubelet", web.Request], Awaitable[web.StreamResponse]]
@@ -84,9 +86,12 @@ def build_app(kubelet: "Kubelet") -> web.Application:
             return _text(401, "Unauthorized: the token is not valid")
         if user != ALLOWED_USER:
             return _text(403, f'Forbidden: user "{user}" may not use the kubelet API')
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            return _text(413, f"the request body is {request.content_length} bytes, more than the "
+                              f"kubelet's limit of {MAX_BODY} bytes")
         return await handler(request)
 
-    app = web.Application(middlewares=[auth], client_max_size=16 << 20)
+    app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, _bind(kubelet, handler))
     return app

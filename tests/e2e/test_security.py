@@ -1,0 +1,244 @@
+"""Security end to end, with real kubectl and real processes: a control plane (with its
+node ``devkit``) started with a static token file, and one worker ``w1`` that joined
+with the bootstrap token.
+
+* A ``view`` user lists Checkpoints but gets 403 on their data and on Secrets;
+  ``kubectl auth can-i`` agrees; an ``edit`` user may read the data.
+* A node's own credentials read only its pods, and only the Secrets and
+  Checkpoint data its pods name.
+* A kubelet's ``/checkpoint`` answers only the control plane, over TLS.
+* Oversized and malformed bodies get a Status; the servers keep serving.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+
+from tests.conftest import ControlPlane, Proc, sim_command, start, start_control_plane, wait_for
+
+JANE, BOB = "t-jane-0123456789", "t-bob-0123456789"
+NS = "default"
+CK = f"/apis/kube32.io/v1/namespaces/{NS}/checkpoints"
+
+
+class Cluster:
+    def __init__(self, cp: ControlPlane, worker: Proc) -> None:
+        self.cp, self.worker = cp, worker
+        doc = yaml.safe_load(cp.kubeconfig.read_text())
+        self.server = doc["clusters"][0]["cluster"]["server"]
+        self.ctx = ssl.create_default_context(
+            cadata=base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"]).decode())
+
+    def token_of(self, user: str) -> str:
+        tokens = json.loads((self.cp.data_dir / "tokens.json").read_text())
+        return next(t for t, u in tokens.items() if u["username"] == user)
+
+    def kubectl(self, token: str | None, *args: str, check: bool = False, input: str | None = None):
+        extra = ("--token", token) if token else ()
+        return self.cp.kubectl(*extra, *args, check=check, input=input)
+
+    def call(self, method: str, url: str, token: str | None = None, body: bytes | None = None,
+             ctype: str = "application/json") -> tuple[int, bytes]:
+        headers = {"Content-Type": ctype}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(url if url.startswith("http") else self.server + url, data=body,
+                                     method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, context=self.ctx, timeout=60) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def kubelet(self, node: str) -> str:
+        n = json.loads(self.cp.kubectl("get", "node", node, "-o", "json").stdout)
+        scheme = n["metadata"]["annotations"]["kube32.io/kubelet-scheme"]
+        return f"{scheme}://127.0.0.1:{n['status']['daemonEndpoints']['kubeletEndpoint']['Port']}"
+
+
+def _pod(name: str, node: str, secret: str, checkpoint: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": {"kube32.io/restore-from": checkpoint}},
+            "spec": {"nodeName": node, "containers": [{
+                "name": "main", "image": "kube32.io/wasm-sha256:" + "0" * 64,
+                "env": [{"name": "S", "valueFrom": {"secretKeyRef": {"name": secret, "key": "k"}}}]}]}}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("security")
+    tokens = root / "users.csv"
+    tokens.write_text(f'{JANE},jane,u-jane,"dev"\n{BOB},bob,u-bob\n')
+    cp = start_control_plane(root / "cp", "--token-auth-file", str(tokens), "--interp-mops", "1",
+                             "--lease-interval", "1")
+    worker = start(sim_command("worker", "--kubeconfig", str(root / "cp" / "node.kubeconfig"), "--name", "w1",
+                               "--port", "0", "--interp-mops", "1", "--lease-interval", "1"), root / "w1.log")
+    try:
+        def ready() -> bool:
+            nodes = json.loads(cp.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+            return sum(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+                       for n in nodes) == 2
+        wait_for(ready, 60, what="devkit and w1 Ready")
+        c = Cluster(cp, worker)
+        docs = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": {"name": f"{user}-{role}"},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
+                for user, role in (("jane", "view"), ("bob", "edit"))]
+        docs += [_pod("on-w1", "w1", "s-w1", "ck-w1"), _pod("on-devkit", "devkit", "s-devkit", "ck-devkit")]
+        for name in ("s-w1", "s-devkit", "s-unused"):
+            docs.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+                         "stringData": {"k": name}})
+        for name in ("ck-w1", "ck-devkit"):
+            docs.append({"apiVersion": "kube32.io/v1", "kind": "Checkpoint", "metadata": {"name": name},
+                         "spec": {"podName": "gone"}})
+        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+        yield c
+    finally:
+        worker.stop()
+        cp.proc.stop()
+
+
+def _forbidden(out, text: str) -> None:
+    assert out.returncode != 0
+    assert f"Error from server (Forbidden): {text}" in out.stderr, out.stderr
+
+
+def test_view_user_lists_checkpoints_but_not_their_data_nor_secrets(cluster: Cluster) -> None:
+    out = cluster.kubectl(JANE, "get", "checkpoints")
+    assert out.returncode == 0 and "ck-w1" in out.stdout
+    _forbidden(cluster.kubectl(JANE, "get", "--raw", f"{CK}/ck-w1/data"),
+               'checkpoints.kube32.io "ck-w1" is forbidden: User "jane" cannot get resource "checkpoints/data" '
+               'in API group "kube32.io" in the namespace "default"')
+    _forbidden(cluster.kubectl(JANE, "get", "secrets"),
+               'secrets is forbidden: User "jane" cannot list resource "secrets" in API group "" '
+               'in the namespace "default"')
+    _forbidden(cluster.kubectl(JANE, "get", "secret", "s-w1"),
+               'secrets "s-w1" is forbidden: User "jane" cannot get resource "secrets" in API group "" '
+               'in the namespace "default"')
+    _forbidden(cluster.kubectl(JANE, "delete", "checkpoint", "ck-w1"),
+               'checkpoints.kube32.io "ck-w1" is forbidden: User "jane" cannot delete resource "checkpoints" '
+               'in API group "kube32.io" in the namespace "default"')
+    _forbidden(cluster.kubectl(JANE, "get", "pods", "-n", "kube-system"),
+               'pods is forbidden: User "jane" cannot list resource "pods" in API group "" '
+               'in the namespace "kube-system"')
+    # The edit user reads the data (none uploaded: 404 after authorization), and Secrets.
+    code, body = cluster.call("GET", f"{CK}/ck-w1/data", BOB)
+    assert code == 404, body
+    assert cluster.kubectl(BOB, "get", "secret", "s-w1").returncode == 0
+
+
+@pytest.mark.parametrize("token,args,answer", [
+    (JANE, ("list", "checkpoints"), "yes"),
+    (JANE, ("get", "checkpoints", "--subresource", "data"), "no"),
+    (JANE, ("get", "secrets"), "no"),
+    (JANE, ("create", "pods"), "no"),
+    (JANE, ("get", "pods", "--subresource", "log"), "yes"),
+    (BOB, ("get", "checkpoints", "--subresource", "data"), "yes"),
+    (BOB, ("get", "secrets"), "yes"),
+    (BOB, ("create", "rolebindings"), "no"),
+    (None, ("get", "checkpoints", "--subresource", "data"), "yes"),     # the admin
+])
+def test_auth_can_i_answers_through_selfsubjectaccessreview(cluster: Cluster, token, args, answer) -> None:
+    out = cluster.kubectl(token, "auth", "can-i", *args)
+    assert out.stdout.strip() == answer, out.stderr
+    assert out.returncode == (0 if answer == "yes" else 1)
+
+
+def test_node_credentials_reach_only_what_the_nodes_pods_use(cluster: Cluster) -> None:
+    node = cluster.token_of("system:node:w1")
+    base = f"/api/v1/namespaces/{NS}"
+    assert cluster.call("GET", f"{base}/pods/on-w1", node)[0] == 200
+    code, body = cluster.call("GET", f"{base}/pods/on-devkit", node)
+    assert code == 403
+    status = json.loads(body)
+    assert status["reason"] == "Forbidden" and status["message"] == (
+        'pods "on-devkit" is forbidden: User "system:node:w1" cannot get resource "pods" in API group "" '
+        "in the namespace \"default\": no relationship found between node 'w1' and this object")
+    assert cluster.call("GET", "/api/v1/pods", node)[0] == 403
+    code, body = cluster.call("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dw1", node)
+    assert code == 200 and [p["metadata"]["name"] for p in json.loads(body)["items"]] == ["on-w1"]
+    assert cluster.call("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Ddevkit", node)[0] == 403
+    assert cluster.call("GET", f"{base}/secrets/s-w1", node)[0] == 200
+    assert cluster.call("GET", f"{base}/secrets/s-devkit", node)[0] == 403
+    assert cluster.call("GET", f"{base}/secrets/s-unused", node)[0] == 403
+    assert cluster.call("GET", f"{CK}/ck-w1/data", node)[0] == 404       # allowed; no data yet
+    assert cluster.call("GET", f"{CK}/ck-devkit/data", node)[0] == 403
+    assert cluster.call("PUT", f"{CK}/ck-w1/data", node, b"x", "application/octet-stream")[0] == 403
+    assert cluster.call("PATCH", "/api/v1/nodes/devkit/status", node, b"{}",
+                        "application/merge-patch+json")[0] == 403
+    # kubectl with the node's token, and kubectl auth can-i as the node.
+    _forbidden(cluster.kubectl(node, "get", "pod", "on-devkit"), 'pods "on-devkit" is forbidden')
+    assert cluster.kubectl(node, "auth", "can-i", "list", "pods").stdout.strip() == \
+        "no - node 'w1' may only list and watch pods with fieldSelector spec.nodeName=w1"
+    assert cluster.kubectl(node, "auth", "can-i", "get", "secrets/s-w1").stdout.strip() == "yes"
+    assert cluster.kubectl(node, "auth", "can-i", "get", "secrets/s-devkit").stdout.strip() == \
+        "no - no relationship found between node 'w1' and this object"
+    # The bootstrap token only buys node credentials.
+    boot = yaml.safe_load((cluster.cp.data_dir / "node.kubeconfig").read_text())["users"][0]["user"]["token"]
+    assert cluster.call("GET", f"{base}/pods", boot)[0] == 403
+    assert cluster.call("GET", f"{base}/secrets/s-w1", boot)[0] == 403
+
+
+def test_kubelet_checkpoint_answers_only_the_control_plane(cluster: Cluster) -> None:
+    base = cluster.kubelet("w1")
+    assert base.startswith("https://")
+    url = f"{base}/checkpoint/{NS}/on-w1/main"
+    assert cluster.call("POST", url)[0] == 401
+    assert cluster.call("POST", url, "not-a-token")[0] == 401
+    for token in (JANE, cluster.token_of("system:node:w1"), cluster.token_of("system:node:devkit"),
+                  cluster.token_of("kubernetes-admin")):
+        code, body = cluster.call("POST", url, token)
+        assert code == 403 and b"may not use the kubelet API" in body
+    # Plain HTTP to the TLS endpoint is no way in either.
+    with pytest.raises((urllib.error.URLError, ConnectionError, http_client_errors())):
+        urllib.request.urlopen(urllib.request.Request(url.replace("https", "http"), data=b"", method="POST"),
+                               timeout=10)
+    # The control plane itself gets through (the pod is not running: 4xx/5xx from the kubelet, not 401/403).
+    admin = cluster.token_of("kubernetes-admin")
+    code, _ = cluster.call("POST", f"/api/v1/nodes/w1/proxy/checkpoint/{NS}/nope/main", admin)
+    assert code not in (401, 403)
+
+
+def http_client_errors():
+    import http.client
+    return http.client.HTTPException
+
+
+def test_oversized_and_malformed_bodies_get_a_status(cluster: Cluster) -> None:
+    admin = cluster.token_of("kubernetes-admin")
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    cases = [
+        ("POST", pods, b"{not json", "application/json", 400, "not valid JSON"),
+        ("POST", pods, b"x" * (3 * 1024 * 1024 + 1), "application/json", 413, "limit"),
+        ("POST", pods, b'{"a": 1, "a": 2}', "application/json", 400, "duplicate field"),
+        ("POST", "/apis/kube32.io/v1/images", b"\0" * (8 * 1024 * 1024 + 1), "application/wasm", 413, "limit"),
+        ("POST", "/apis/kube32.io/v1/images", b"not wasm", "application/wasm", 400, ""),
+        ("POST", f"/apis/kube32.io/v1/namespaces/{NS}/topics/t", b"x" * (64 * 1024 + 1),
+         "application/octet-stream", 413, ""),
+        ("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", b"[]", "application/json", 400, ""),
+        ("POST", "/apis/kube32.io/v1/nodecredentials/w9", b'{"csr": "garbage"}', "application/json", 422,
+         "not a PEM CSR"),
+        ("PUT", f"{CK}/ck-w1/data", b"not a snapshot", "application/octet-stream", None, ""),
+    ]
+    for method, path, body, ctype, want, text in cases:
+        code, out = cluster.call(method, path, admin, body, ctype)
+        status = json.loads(out)
+        assert status["kind"] == "Status" and status["code"] == code, (path, out[:300])
+        assert code >= 400 and (want is None or code == want), (path, code, out[:300])
+        assert text in status["message"], (path, status["message"])
+    assert cluster.call("GET", "/healthz")[0] == 200
+    # The kubelet: a pod request larger than its limit is refused, the kubelet keeps serving.
+    code, out = cluster.call("POST", f"/api/v1/namespaces/{NS}/pods/on-w1/proxy/x", admin,
+                             b"x" * (17 * 1024 * 1024), "application/octet-stream")
+    assert code == 413, out[:300]
+    assert cluster.call("GET", f"{cluster.kubelet('w1')}/healthz")[0] == 200
+    assert cluster.kubectl(None, "get", "nodes").returncode == 0
