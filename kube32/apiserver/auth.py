@@ -13,6 +13,13 @@ More tokens:
 
 * ``--token-auth-file``: kube-apiserver's static token file, CSV lines
   ``token,user,uid,"group1,group2"`` (read at start; ``#`` comments allowed).
+* ServiceAccount tokens: ``POST .../serviceaccounts/<name>/token`` (TokenRequest,
+  ``kubectl create token``) issues ``k32sa.<payload>.<hmac>``: namespace, name, uid
+  and expiry signed with ``<data-dir>/sa.key``.  Such a token names
+  ``system:serviceaccount:<ns>:<name>`` (groups ``system:serviceaccounts`` and
+  ``system:serviceaccounts:<ns>``) only while it has not expired and a ServiceAccount
+  of that name *and uid* exists (the server checks that part): deleting the
+  ServiceAccount revokes its tokens.
 * Node credentials: a node that joined with the bootstrap token gets its own
   token (user ``system:node:<name>``, group ``system:nodes``), kept in
   ``tokens.json``; joining again replaces (revokes) the node's previous token.
@@ -25,6 +32,7 @@ import hmac
 import json
 import os
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,8 +48,50 @@ NODES_GROUP = "system:nodes"
 NODE_PREFIX = "system:node:"
 
 
+SA_PREFIX = "k32sa."
+SA_GROUP = "system:serviceaccounts"
+
+
 class TokenFileError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class ServiceAccountRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+class ServiceAccountTokens:
+    """Signed, expiring ServiceAccount tokens (HMAC-SHA256 with a key of the control plane)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def _mac(self, payload: bytes) -> str:
+        return base64.urlsafe_b64encode(hmac.new(self._key, payload, "sha256").digest()).decode().rstrip("=")
+
+    def issue(self, namespace: str, name: str, uid: str, expires_unix: int) -> str:
+        payload = json.dumps({"ns": namespace, "name": name, "uid": uid, "exp": expires_unix},
+                             separators=(",", ":")).encode()
+        body = base64.urlsafe_b64encode(payload).decode().rstrip("=")
+        return f"{SA_PREFIX}{body}.{self._mac(payload)}"
+
+    def verify(self, token: str, now_unix: float) -> ServiceAccountRef | None:
+        if not token.startswith(SA_PREFIX) or token.count(".") != 2:
+            return None
+        body, mac = token[len(SA_PREFIX):].split(".")
+        try:
+            payload = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+            claims = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if not hmac.compare_digest(self._mac(payload), mac) or not isinstance(claims, dict):
+            return None
+        if not isinstance(claims.get("exp"), int) or claims["exp"] <= now_unix:
+            return None
+        return ServiceAccountRef(str(claims.get("ns", "")), str(claims.get("name", "")), str(claims.get("uid", "")))
 
 
 @dataclass(frozen=True)
@@ -57,8 +107,10 @@ class User:
 
 
 class TokenAuthenticator:
-    def __init__(self, tokens: dict[str, User], path: Path | None = None) -> None:
+    def __init__(self, tokens: dict[str, User], path: Path | None = None,
+                 service_accounts: ServiceAccountTokens | None = None) -> None:
         self._tokens = tokens
+        self.service_accounts = service_accounts
         self._path = path            # tokens.json: where issued tokens are kept
         self._static: set[str] = set()  # from --token-auth-file: never written back
 
@@ -66,6 +118,13 @@ class TokenAuthenticator:
         if not header or not header.lower().startswith("bearer "):
             return None
         presented = header[7:].strip().encode()
+        if presented.startswith(SA_PREFIX.encode()) and self.service_accounts is not None:
+            ref = self.service_accounts.verify(presented.decode(errors="replace"), time.time())
+            if ref is None:
+                return None
+            # The caller must still check that the ServiceAccount exists with this uid.
+            return User(f"system:serviceaccount:{ref.namespace}:{ref.name}",
+                        (SA_GROUP, f"{SA_GROUP}:{ref.namespace}"), ref.uid, {"serviceaccount": ref})
         for token, user in self._tokens.items():
             if hmac.compare_digest(token.encode(), presented):
                 return user
@@ -121,8 +180,12 @@ def load_or_create_tokens(data_dir: Path) -> TokenAuthenticator:
             secrets.token_hex(24): {"username": BOOTSTRAP_USER, "groups": [BOOTSTRAP_GROUP]},
         }
         _write_private(path, json.dumps(raw, indent=2))
+    key_path = data_dir / "sa.key"
+    if not key_path.exists():
+        _write_private(key_path, secrets.token_hex(32))
+    sa = ServiceAccountTokens(key_path.read_text().strip().encode())
     return TokenAuthenticator({t: User(u["username"], tuple(u.get("groups", ())), u.get("uid", ""))
-                               for t, u in raw.items()}, path)
+                               for t, u in raw.items()}, path, sa)
 
 
 def read_token_file(path: Path) -> dict[str, User]:

@@ -29,7 +29,8 @@ from urllib.parse import quote
 from aiohttp import web
 
 from ..store import Store
-from . import authz, bodies, discovery, errors, eventbus, images, meta, nodecredentials, rbac, tables
+from . import (authz, bodies, discovery, errors, eventbus, images, meta, nodecredentials, rbac,
+               serviceaccounts, tables)
 from .auth import PUBLIC_PATHS, TokenAuthenticator, User
 from .eviction import EvictionHandler
 from .proxy import KubeletProxy, kubelet_base, ready_pods
@@ -75,6 +76,7 @@ class APIServer:
         self.eviction_handler: Callable[[web.Request, Target, dict], Awaitable[web.StreamResponse]] | None = \
             EvictionHandler(self.registry, self.images.exports)
         self.app = self._build_app()
+        serviceaccounts.install(self)
 
     # --- app ------------------------------------------------------------------
     def _build_app(self) -> web.Application:
@@ -134,7 +136,7 @@ class APIServer:
         if request.path in PUBLIC_PATHS:
             return await handler(request)
         user = self.auth.authenticate(request.headers.get("Authorization"))
-        if user is None:
+        if user is None or not await serviceaccounts.still_valid(self, user):
             raise errors.unauthorized()
         request["user"] = user
         attrs = authz.request_attributes(user, request.method, request.path, request.query)
@@ -188,6 +190,8 @@ class APIServer:
         body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot create tokenreviews")
         token = ((body or {}).get("spec") or {}).get("token", "") if isinstance(body, dict) else ""
         user = self.auth.authenticate(f"Bearer {token}") if token else None
+        if user is not None and not await serviceaccounts.still_valid(self, user):
+            user = None
         status: dict[str, Any] = {"authenticated": user is not None}
         if user is not None:
             status["user"] = user.as_user_info()

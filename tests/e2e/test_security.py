@@ -188,6 +188,29 @@ def test_node_credentials_reach_only_what_the_nodes_pods_use(cluster: Cluster) -
     assert cluster.call("GET", f"{base}/secrets/s-w1", boot)[0] == 403
 
 
+def test_service_account_tokens_from_kubectl_create_token(cluster: Cluster) -> None:
+    cluster.kubectl(None, "apply", "-f", "-", check=True, input=yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "bot"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "bot-view"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+         "subjects": [{"kind": "ServiceAccount", "name": "bot", "namespace": NS}]}]))
+    out = cluster.kubectl(None, "create", "token", "bot", "--duration", "20m", check=True)
+    token = out.stdout.strip()
+    assert cluster.kubectl(token, "get", "checkpoints").returncode == 0
+    _forbidden(cluster.kubectl(token, "get", "secrets"),
+               'secrets is forbidden: User "system:serviceaccount:default:bot" cannot list resource "secrets"')
+    assert cluster.kubectl(token, "auth", "can-i", "get", "checkpoints", "--subresource", "data").stdout.strip() == "no"
+    out = cluster.kubectl(JANE, "create", "token", "bot")
+    assert out.returncode != 0 and out.stderr.strip() == (
+        'error: failed to create token: serviceaccounts "bot" is forbidden: User "jane" cannot create '
+        'resource "serviceaccounts/token" in API group "" in the namespace "default"')
+    # Deleting the ServiceAccount revokes its tokens, even if one of the same name comes back.
+    cluster.kubectl(None, "delete", "serviceaccount", "bot", check=True)
+    cluster.kubectl(None, "apply", "-f", "-", check=True, input=yaml.safe_dump(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "bot"}}))
+    assert cluster.call("GET", f"/api/v1/namespaces/{NS}/pods", token)[0] == 401
+
+
 def test_kubelet_checkpoint_answers_only_the_control_plane(cluster: Cluster) -> None:
     base = cluster.kubelet("w1")
     assert base.startswith("https://")

@@ -186,3 +186,20 @@ def test_node_csr_is_signed_for_the_node_only(tmp_path: Path) -> None:
     assert [str(v) for v in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
     with pytest.raises(pki.CSRError, match="not a PEM CSR"):
         pki.sign_node_csr(tmp_path, b"garbage", "a")
+
+
+def test_service_account_tokens_are_signed_and_expire() -> None:
+    from kube32.apiserver.auth import ServiceAccountRef, ServiceAccountTokens
+    sa = ServiceAccountTokens(b"k" * 32)
+    token = sa.issue("default", "bot", "uid-1", 2000)
+    assert sa.verify(token, 1999) == ServiceAccountRef("default", "bot", "uid-1")
+    assert sa.verify(token, 2000) is None                                  # expired
+    assert ServiceAccountTokens(b"x" * 32).verify(token, 1) is None        # another key
+    head, body, mac = token.split(".")
+    forged = ServiceAccountTokens(b"x" * 32).issue("default", "admin", "uid-1", 2000).split(".")[1]
+    assert sa.verify(f"{head}.{forged}.{mac}", 1) is None                   # payload swapped
+    assert sa.verify("k32sa.garbage", 1) is None and sa.verify("k32sa.a.b", 1) is None
+    auth = TokenAuthenticator({}, None, sa)
+    user = auth.authenticate(f"Bearer {sa.issue('ns1', 'bot', 'u', 2**40)}")
+    assert user is not None and user.name == "system:serviceaccount:ns1:bot"
+    assert user.groups == ("system:serviceaccounts", "system:serviceaccounts:ns1")
