@@ -434,3 +434,71 @@ def add_routes(router: web.UrlDispatcher, authorizer: Authorizer) -> None:
     router.add_post(f"{base}/subjectaccessreviews", subject_review)
     router.add_post(f"{base}/namespaces/{{ns}}/localsubjectaccessreviews", subject_review)
     router.add_post(f"{base}/selfsubjectrulesreviews", rules_review)
+
+
+# --- RBAC escalation prevention ------------------------------------------------------
+def _rule_attrs(user: str, groups: tuple[str, ...], rule: dict[str, Any], namespace: str) -> list[Attributes]:
+    """Every (verb, group, resource, name) a rule grants, as request attributes."""
+    out: list[Attributes] = []
+    verbs = [v for v in rule.get("verbs") or [] if isinstance(v, str)]
+    for url in rule.get("nonResourceURLs") or []:
+        out += [Attributes(user, groups, v, path=str(url), resource_request=False) for v in verbs]
+    names = [n for n in rule.get("resourceNames") or [] if isinstance(n, str)] or [""]
+    for g in rule.get("apiGroups") or []:
+        for r in rule.get("resources") or []:
+            res, _, sub = str(r).partition("/")
+            out += [Attributes(user, groups, v, namespace, str(g), res, sub, n) for v in verbs for n in names]
+    return out
+
+
+def _rule_text(rule: dict[str, Any]) -> str:
+    def q(key: str) -> str:
+        return "[" + " ".join(f'"{v}"' for v in rule.get(key) or []) + "]"
+    if rule.get("nonResourceURLs"):
+        return f"{{NonResourceURLs:{q('nonResourceURLs')}, Verbs:{q('verbs')}}}"
+    names = f", ResourceNames:{q('resourceNames')}" if rule.get("resourceNames") else ""
+    return f"{{APIGroups:{q('apiGroups')}, Resources:{q('resources')}{names}, Verbs:{q('verbs')}}}"
+
+
+async def check_escalation(authorizer: Authorizer, user: User, plural: str, namespace: str | None,
+                           obj: Any) -> None:
+    """A user may write a role, or bind one, only with every permission in it, as Kubernetes
+    (unless RBAC grants them ``escalate`` on the role / ``bind`` on the role bound)."""
+    groups = groups_of(user)
+    if MASTERS in groups or not isinstance(obj, dict):
+        return
+    from .rbac import GROUP
+    ns = namespace or ""
+    name = str((obj.get("metadata") or {}).get("name", ""))
+    if plural in ("roles", "clusterroles"):
+        special = Attributes(user.name, groups, "escalate", ns, GROUP, plural, "", name)
+        rules = obj.get("rules") or []
+    elif plural in ("rolebindings", "clusterrolebindings"):
+        ref = obj.get("roleRef") if isinstance(obj.get("roleRef"), dict) else {}
+        role_plural = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
+        special = Attributes(user.name, groups, "bind", ns if role_plural == "roles" else "", GROUP,
+                             role_plural, "", str(ref.get("name", "")))
+        from .resources import by_plural
+        role = await authorizer.rbac.registry.try_get(by_plural(role_plural),
+                                                      ns if role_plural == "roles" else None,
+                                                      str(ref.get("name", "")))
+        rules = (role or {}).get("rules") or []
+    else:
+        return
+    if (await authorizer.authorize(special))[0]:
+        return
+    missing = []
+    for rule in rules if isinstance(rules, list) else []:
+        if not isinstance(rule, dict):
+            continue
+        for a in _rule_attrs(user.name, groups, rule, ns):
+            if not (await authorizer.authorize(a))[0]:
+                missing.append(_rule_text(rule))
+                break
+    if missing:
+        from .errors import APIError, qualified
+        shown = " ".join(f'"{g}"' for g in groups)
+        raise APIError(403, "Forbidden",
+                       f'{qualified(plural, GROUP)} "{name}" is forbidden: user "{user.name}" (groups=[{shown}]) '
+                       f"is attempting to grant RBAC permissions not currently held:\n" + "\n".join(missing),
+                       details={"name": name, "group": GROUP, "kind": plural})

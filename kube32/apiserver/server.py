@@ -337,12 +337,18 @@ class APIServer:
             if not ns_in_body:
                 raise errors.bad_request("the namespace of the object must be given")
         authz.admit(request["user"], t.res.plural, t.namespace, obj)
+        if t.res.group == rbac.GROUP:
+            await authz.check_escalation(self.authorizer, request["user"], t.res.plural,
+                                         t.namespace or meta.namespace_of(obj) if isinstance(obj, dict) else None,
+                                         obj)
         out = await self.registry.create(t.res, t.namespace, obj, dry_run=_dry_run(request))
         return self._render_one(request, t.res, out, 201, warnings)
 
     async def update(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None
         obj, warnings = await self._body(request, t, f"cannot update {t.res.plural}")
+        if t.res.group == rbac.GROUP:
+            await authz.check_escalation(self.authorizer, request["user"], t.res.plural, t.namespace, obj)
         out = await self.registry.update(t.res, t.namespace, t.name, obj, subresource=t.sub,
                                          dry_run=_dry_run(request))
         return self._render_one(request, t.res, out, 200, warnings)
@@ -360,6 +366,11 @@ class APIServer:
             warnings = bodies.check_fields(t.res, body, request.query.get("fieldValidation", "Warn"))
             if request.query.get("fieldManager") in (None, ""):
                 raise errors.bad_request("PATCH of type apply requires the fieldManager parameter")
+        if t.res.group == rbac.GROUP:   # what the patch would make must not escalate
+            current = await self.registry.try_get(t.res, t.namespace, t.name)
+            patched = body if current is None else self.registry._patched(
+                t.res, current, ptype, body, request.query.get("fieldManager", ""), True)
+            await authz.check_escalation(self.authorizer, request["user"], t.res.plural, t.namespace, patched)
         out, created = await self.registry.patch(
             t.res, t.namespace, t.name, ptype, body, subresource=t.sub,
             manager=request.query.get("fieldManager", ""), force=_truthy(request.query.get("force")),

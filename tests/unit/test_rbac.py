@@ -159,3 +159,44 @@ async def test_rbac_kinds_validate_as_kubernetes(registry) -> None:
             await reg.update(by_plural("rolebindings"), "default", "system:b", b)
     finally:
         await store.close()
+
+
+@in_loop
+async def test_no_escalation_through_roles_and_bindings(registry) -> None:
+    from kube32.apiserver import authz
+    from kube32.apiserver.auth import User
+    store, reg = await registry()
+    try:
+        await rbac.ensure_defaults(reg)
+        await reg.create(by_plural("namespaces"), None, {"metadata": {"name": "default"}}, check_namespace=False)
+        await reg.create(by_plural("rolebindings"), "default", {
+            "metadata": {"name": "ann-admin"}, "roleRef": {"kind": "ClusterRole", "name": "admin"},
+            "subjects": [{"kind": "User", "name": "ann"}]})
+        chain = authz.Authorizer(reg)
+        ann = User("ann")
+
+        def binding(role: str, kind: str = "ClusterRole") -> dict:
+            return {"metadata": {"name": f"b-{role}"}, "roleRef": {"kind": kind, "name": role},
+                    "subjects": [{"kind": "User", "name": "joe"}]}
+        # ann holds everything in view and edit in default: she may hand them out there.
+        await authz.check_escalation(chain, ann, "rolebindings", "default", binding("view"))
+        await authz.check_escalation(chain, ann, "rolebindings", "default", binding("edit"))
+        with pytest.raises(APIError) as e:
+            await authz.check_escalation(chain, ann, "rolebindings", "default", binding("cluster-admin"))
+        assert e.value.code == 403
+        assert 'is attempting to grant RBAC permissions not currently held:\n{APIGroups:["*"], ' \
+               'Resources:["*"], Verbs:["*"]}' in e.value.message
+        with pytest.raises(APIError):   # not in another namespace, not cluster-wide
+            await authz.check_escalation(chain, ann, "rolebindings", "other", binding("view"))
+        with pytest.raises(APIError):
+            await authz.check_escalation(chain, ann, "clusterrolebindings", None, binding("view"))
+        role = {"metadata": {"name": "r"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}
+        await authz.check_escalation(chain, ann, "roles", "default", role)
+        role["rules"].append({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["update"]})
+        with pytest.raises(APIError, match=r'Resources:\["leases"\]'):
+            await authz.check_escalation(chain, ann, "roles", "default", role)
+        # system:masters may grant anything.
+        await authz.check_escalation(chain, User("root", ("system:masters",)), "clusterrolebindings", None,
+                                     binding("cluster-admin"))
+    finally:
+        await store.close()
