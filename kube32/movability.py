@@ -14,6 +14,10 @@ from typing import Any, Iterable
 
 MIGRATION = "kube32.io/migration"
 RESTORE_FROM = "kube32.io/restore-from"
+TRIGGER = "kube32.io/trigger"           # label: periodic, eviction, memory-pressure or placement
+PLACEMENT = "kube32.io/placement"       # "fastest"
+CHECKPOINT_INTERVAL = "kube32.io/checkpoint-interval"
+INTERP_MOPS = "kube32.io/interp-mops"
 POLICIES = ("OnDrain", "Never", "Auto")
 BLOCKING_CAPABILITIES = ("DISPLAY", "KEYBOARD", "SPEAKER", "SD", "CHIP_TEMP")
 ENTRY_POINTS = ("_start", "app_main", "main")
@@ -97,3 +101,27 @@ def embedded_digest(image: str) -> str | None:
     """The digest of an embedded image reference ``kube32.io/wasm-sha256:<hex>``."""
     prefix = "kube32.io/wasm-sha256:"
     return image[len(prefix):].lower() if image.startswith(prefix) else None
+
+
+MIN_CHECKPOINT_INTERVAL = 10.0
+
+
+def parse_interval(text: str) -> float:
+    """A checkpoint interval ("60s", "2m", "1h30m", "500ms", or plain seconds) in seconds.
+
+    Raises ValueError with the message users see; intervals under 10 s are refused."""
+    import re
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text.strip())
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    try:
+        if not parts:
+            seconds = float(text)
+        elif "".join(n + u for n, u in parts) != text.strip():
+            raise ValueError
+        else:
+            seconds = sum(float(n) * units[u] for n, u in parts)
+    except ValueError:
+        raise ValueError(f'"{text}" is not a duration (use e.g. "60s", "5m")') from None
+    if seconds < MIN_CHECKPOINT_INTERVAL:
+        raise ValueError(f'"{text}": the checkpoint interval must be at least 10s')
+    return seconds

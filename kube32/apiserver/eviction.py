@@ -15,9 +15,14 @@ After Kubernetes' eviction REST (``pkg/registry/core/pod/storage/eviction.go``):
   Ready may go while the budget is met (``unhealthyPodEvictionPolicy``
   IfHealthyBudget, the default; AlwaysAllow lets it go always).
 * An allowed eviction goes through :meth:`EvictionHandler.carry_out`, the one
-  place that decides what an eviction does: today the pod is deleted as a DELETE
-  with the Eviction's deleteOptions would (graceful for bound pods).  The
-  migration feature extends that method to move movable pods instead.
+  place that decides what an eviction does.  A running pod that can move, by its
+  spec and its ``kube32.io/migration`` policy (spec: "Drain and evictions"), moves:
+  the handler creates a Move Checkpoint labelled ``kube32.io/trigger: eviction``
+  (no target: the scheduler picks) and the Checkpoint controller carries it out;
+  its replacement has a new uid, which is what ``kubectl drain`` waits for.  Any
+  other pod is deleted as a DELETE with the Eviction's deleteOptions would
+  (graceful for bound pods), and its owner starts a new one.  A second eviction of
+  a pod whose move is under way starts no second move.
 """
 from __future__ import annotations
 
@@ -25,10 +30,11 @@ import asyncio
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
+from .. import movability
 from . import errors, meta
 from .registry import Registry
 from .resources import by_plural
@@ -148,8 +154,10 @@ def violation(pdb_name: str, status: BudgetStatus) -> errors.APIError:
 class EvictionHandler:
     """Installed as ``APIServer.eviction_handler``: (request, target, Eviction body) -> response."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry,
+                 image_exports: Callable[[str], list[str] | None] | None = None) -> None:
         self.registry = registry
+        self.image_exports = image_exports or (lambda digest: None)  # embedded image -> its exports
         self._lock = asyncio.Lock()  # one eviction decision at a time: budgets are read-then-act
 
     async def __call__(self, request: web.Request, t: Any, body: Obj) -> web.StreamResponse:
@@ -202,11 +210,40 @@ class EvictionHandler:
         return out
 
     async def carry_out(self, pod: Obj, options: Obj, dry_run: bool) -> None:
-        """What an allowed eviction does: delete the pod as DELETE with these options would.
-
-        The one place the migration feature extends ("move instead of delete")."""
+        """What an allowed eviction does: move a pod that can move, delete any other."""
+        if self.can_move(pod):
+            await self._move(pod, dry_run)
+            return
         if (pod.get("metadata") or {}).get("uid") and not (options.get("preconditions") or {}).get("uid"):
             options = {**options, "preconditions": {**(options.get("preconditions") or {}),
                                                     "uid": pod["metadata"]["uid"]}}
         await self.registry.delete(by_plural("pods"), meta.namespace_of(pod), meta.name_of(pod),
                                    options=options, dry_run=dry_run)
+
+    def can_move(self, pod: Obj) -> bool:
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        if not spec.get("nodeName") or status.get("phase") != "Running":
+            return False
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        containers = spec.get("containers") or []
+        if len(containers) != 1:
+            return False
+        digest = movability.embedded_digest(containers[0].get("image", ""))
+        exports = self.image_exports(digest) if digest else None
+        return not movability.spec_blockers(pod, exports)
+
+    async def _move(self, pod: Obj, dry_run: bool) -> None:
+        ns, name = meta.namespace_of(pod), meta.name_of(pod)
+        checkpoints = by_plural("checkpoints")
+        existing, _ = await self.registry.list(checkpoints, ns)
+        for ck in existing:
+            if ((ck.get("spec") or {}).get("podName") == name and (ck.get("spec") or {}).get("action") == "Move"
+                    and (ck.get("status") or {}).get("phase") in ("Pending", "Saving", "Moving")):
+                return  # a move is under way: the eviction is that move
+        import secrets
+        ck = {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+              "metadata": {"name": f"{name[:40]}-evict-{secrets.token_hex(3)}", "namespace": ns,
+                           "labels": {movability.TRIGGER: "eviction"}},
+              "spec": {"podName": name, "action": "Move"}}
+        await self.registry.create(checkpoints, ns, ck, dry_run=dry_run)

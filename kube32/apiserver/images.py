@@ -109,6 +109,13 @@ class ImageStore:
         return {"kind": "Image", "apiVersion": "kube32.io/v1", "reference": REFERENCE_PREFIX + digest,
                 "sha256": digest, "size": len(data), "exports": exports}
 
+    def exports(self, sha256: str) -> list[str] | None:
+        """The export names of a stored image, or None when it is not here."""
+        try:
+            return [e["name"] for e in module_exports(self.get(sha256))]
+        except (errors.APIError, ExportParseError):
+            return None
+
     def get(self, sha256: str) -> bytes:
         if not _SHA.match(sha256):
             raise errors.bad_request("an image is named by its 64 hex digit SHA-256")

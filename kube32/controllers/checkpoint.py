@@ -37,13 +37,31 @@ from .. import movability
 from ..client import CHECKPOINTS, NODES, PODS, ApiError
 from .base import Controller, key_of, split_key
 from .podutil import parse_time, rfc3339
-from .scheduler import node_misfits, pick_node, usage_by_node
+from .scheduler import node_misfits, node_ready, pick_node, usage_by_node
 
 log = logging.getLogger("kube32.checkpoint")
 Obj = dict[str, Any]
 
 FREEZE_TIMEOUT_MS = 10000
-TRIGGER = "kube32.io/trigger"
+TRIGGER = movability.TRIGGER
+
+
+def interp_mops(node: Obj) -> float:
+    try:
+        return float((node["metadata"].get("annotations") or {}).get(movability.INTERP_MOPS, 0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def fastest_fit(pod: Obj, nodes: list[Obj], pods: list[Obj], extra_selector: dict | None,
+                exclude: set[str]) -> str | None:
+    """The fastest node (``kube32.io/interp-mops``) that takes the pod, never one excluded."""
+    usage = usage_by_node(pods, skip_uid=pod["metadata"].get("uid", ""))
+    fits = [n for n in nodes if n["metadata"]["name"] not in exclude
+            and not node_misfits(pod, n, usage.get(n["metadata"]["name"]), extra_selector)]
+    if not fits:
+        return None
+    return max(fits, key=lambda n: (interp_mops(n), n["metadata"]["name"]))["metadata"]["name"]
 
 
 class MoveError(Exception):
@@ -141,8 +159,6 @@ class CheckpointController(Controller):
             await self._interrupted(ck)
         elif phase == "Moving":
             await self._check_move(ck)
-        elif phase == "Failed" and _status(ck).get("rollbackPodUID") and not _status(ck).get("rollbackDone"):
-            await self._check_rollback(ck)
         else:
             await self._retain(ck)
 
@@ -208,8 +224,12 @@ class CheckpointController(Controller):
             why = node_misfits(pod, node, usage, target.get("nodeSelector"))
             if why:
                 raise MoveError(f"0/1 nodes are available: 1 {why[0]}." if len(why) == 1 else
-                                f"0/1 nodes are available: " + ", ".join(f"1 {w}" for w in why) + ".")
+                                "0/1 nodes are available: " + ", ".join(f"1 {w}" for w in why) + ".")
             return name
+        if (pod["metadata"].get("annotations") or {}).get(movability.PLACEMENT) == "fastest":
+            fastest = fastest_fit(pod, nodes, self.pods.list(), target.get("nodeSelector"), {source})
+            if fastest is not None:
+                return fastest
         picked, reason = pick_node(pod, nodes, self.pods.list(), target.get("nodeSelector"), {source})
         if picked is None:
             raise MoveError(reason)
@@ -296,10 +316,24 @@ class CheckpointController(Controller):
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             log.warning("cannot thaw %s/%s on %s: %s", ns, pod, node, e)
 
-    async def _fail(self, ck: Obj, pod: Obj | None, e: MoveError, action: str) -> None:
+    async def _fail(self, ck: Obj, pod: Obj | None, e: MoveError, action: str,
+                    before_replacement: bool = True) -> None:
         await self._set_status(ck, phase="Failed", message=e.message, blockers=e.blockers, finishedAt=rfc3339())
         reason = "MoveFailed" if action == "Move" else "CheckpointFailed"
         await self._event(pod, "Warning", reason, e.message)
+        evicted = (ck["metadata"].get("labels") or {}).get(TRIGGER) == "eviction"
+        if evicted and before_replacement and pod is not None:
+            await self._delete_as_eviction(pod)
+
+    async def _delete_as_eviction(self, pod: Obj) -> None:
+        """An eviction's move that failed before the replacement: the pod is deleted as an
+        eviction deletes it, so the drain completes (its owner starts a new one)."""
+        md = pod["metadata"]
+        try:
+            await self.client.delete(PODS, md["name"], md["namespace"], uid=md["uid"])
+        except ApiError as e:
+            if e.code not in (404, 409):
+                raise
 
     async def _interrupted(self, ck: Obj) -> None:
         """A Saving Checkpoint nobody is saving: the control plane restarted mid-snapshot."""
@@ -323,7 +357,8 @@ class CheckpointController(Controller):
         ns = ck["metadata"]["namespace"]
         pod = await self.client.try_get(PODS, st.get("newPodName") or ck["spec"]["podName"], ns)
         if pod is None or pod["metadata"]["uid"] != st.get("newPodUID"):
-            await self._fail(ck, pod, MoveError("the pod was deleted or replaced during the move"), "Move")
+            await self._fail(ck, pod, MoveError("the pod was deleted or replaced during the move"), "Move",
+                             before_replacement=False)
             return
         container = container_of(ck, pod)
         state = _container_state(pod, container)
@@ -371,9 +406,7 @@ class CheckpointController(Controller):
         st = _status(ck)
         source = st.get("nodeName")
         node = next((n for n in self.nodes.list() if n["metadata"]["name"] == source), None)
-        from .scheduler import node_ready
         back_to = source if node is not None and node_ready(node) else None
-        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         try:
             new = await self._replace(pod, back_to, ck["metadata"]["name"])
         except ApiError as e:
@@ -386,29 +419,6 @@ class CheckpointController(Controller):
         await self._set_status(ck, phase="Failed", message=message, finishedAt=rfc3339(),
                                rollbackPodUID=new["metadata"]["uid"])
         await self._event(new, "Warning", "MoveFailed", f"Move to {st.get('targetNode')} failed, {message}")
-
-    async def _check_rollback(self, ck: Obj) -> None:
-        """The rolled-back pod restores from the same Checkpoint: a Restored event once it
-        runs; a restore that fails starts it afresh (replaced without the annotation)."""
-        st = _status(ck)
-        ns = ck["metadata"]["namespace"]
-        pod = await self.client.try_get(PODS, ck["spec"]["podName"], ns)
-        if pod is None or pod["metadata"]["uid"] != st.get("rollbackPodUID"):
-            await self._set_status(ck, rollbackDone=True)
-            return
-        state = _container_state(pod, container_of(ck, pod))
-        phase = (pod.get("status") or {}).get("phase")
-        if phase == "Running" and "running" in state:
-            await self._drop_annotation(pod)
-            await self._set_status(ck, rollbackDone=True)
-            age = max(0, (_now_ms() - int(st.get("frozenAtMs") or _now_ms())) // 1000)
-            await self._event(pod, "Normal", "Restored",
-                              f"Restored from checkpoint {ck['metadata']['name']} (taken {age} s ago) after a failed move")
-        elif phase == "Failed" or state.get("terminated"):
-            await self._replace(pod, pod["spec"].get("nodeName"), None)
-            await self._set_status(ck, rollbackDone=True)
-            await self._event(pod, "Warning", "MoveFailed",
-                              "The rollback could not restore the pod either; it starts afresh")
 
     # --- retention ----------------------------------------------------------------------
     async def _retain(self, ck: Obj) -> None:

@@ -34,8 +34,11 @@ CONTROLLERS += [ReplicaSetController, DeploymentController, DaemonSetController,
 
 # Pod migration.
 from .checkpoint import CheckpointController  # noqa: E402
+from .periodic import PeriodicCheckpoints  # noqa: E402
+from .restore import RestoreController  # noqa: E402
+from .autopolicy import AutoPolicy  # noqa: E402
 
-CONTROLLERS += [CheckpointController]
+CONTROLLERS += [CheckpointController, PeriodicCheckpoints, RestoreController, AutoPolicy]
 
 
 class ControllerManager:

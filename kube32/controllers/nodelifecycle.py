@@ -32,8 +32,11 @@ import logging
 import time
 from typing import Any
 
-from ..client import LEASES, NODES, PODS, ApiError
+from .. import movability
+from ..client import CHECKPOINTS, LEASES, NODES, PODS, ApiError
 from .base import Controller
+from .checkpoint import replacement_of
+from .periodic import latest_periodic
 from .scheduler import condition_status, toleration_matches
 
 log = logging.getLogger("kube32.nodelifecycle")
@@ -119,6 +122,7 @@ class NodeLifecycle(Controller):
         self.nodes = ctx.informers.get(NODES)
         self.leases = ctx.informers.get(LEASES)
         self.pods = ctx.informers.get(PODS)
+        self.checkpoints = ctx.informers.get(CHECKPOINTS)
         self._heard: dict[str, tuple[tuple, float]] = {}  # node -> (heartbeat marks, monotonic when they changed)
         self._evicting: set[str] = set()                  # pod uids already handed to evict_from_lost_node
 
@@ -262,6 +266,31 @@ class NodeLifecycle(Controller):
         if soonest is not None:
             self.queue.add_after(name, soonest - now + 0.05)
 
+    async def _restore_elsewhere(self, pod: Obj, node: Obj) -> bool:
+        """A pod with a Saved periodic checkpoint is replaced, in one write, by one that
+        the scheduler binds anew and that restores from the latest such checkpoint
+        (owned or not).  Returns whether it was."""
+        md = pod["metadata"]
+        if movability.policy(pod) == "Never":
+            return False
+        latest = latest_periodic(self.checkpoints.list(), md.get("namespace", ""), md["name"])
+        if latest is None:
+            return False
+        replacement = replacement_of(pod, None, latest["metadata"]["name"])
+        try:
+            await self.client.post_subresource(PODS, md["name"], "replacement", replacement, md.get("namespace"),
+                                               params={"uid": md["uid"]})
+        except ApiError as e:
+            if e.code in (404, 409):
+                return True  # gone or replaced meanwhile: nothing left to evict
+            raise
+        log.info("pod %s/%s of lost node %s will restore from %s", md.get("namespace"), md["name"],
+                 node["metadata"]["name"], latest["metadata"]["name"])
+        await self.recorder.record(pod, "Normal", "TaintManagerEviction",
+                                   f"Node {node['metadata']['name']} is lost: the pod restores elsewhere from "
+                                   f"periodic checkpoint {latest['metadata']['name']}")
+        return True
+
     async def evict_from_lost_node(self, pod: Obj, node: Obj) -> None:
         """Remove a pod whose node has a NoExecute taint it no longer tolerates.
 
@@ -271,6 +300,8 @@ class NodeLifecycle(Controller):
         the kubelet stops it.  The migration feature extends this method: a pod with a
         Saved periodic checkpoint is replaced by one carrying ``kube32.io/restore-from``."""
         md = pod["metadata"]
+        if await self._restore_elsewhere(pod, node):
+            return
         force = condition_status(node, "Ready") != "False"
         try:
             await self.client.delete(PODS, md["name"], md.get("namespace"), uid=md.get("uid"),

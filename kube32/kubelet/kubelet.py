@@ -152,6 +152,10 @@ class Kubelet:
         used = sum(w.instance.memory_bytes for w in self.workers.values() if w.instance is not None)
         return max(0, self.options.heap_bytes - self.options.driver_bytes - used)
 
+    @property
+    def reported_free_heap(self) -> int | None:
+        return self._last_free
+
     def node_changed(self) -> None:
         self._node_dirty.set()
 

@@ -133,6 +133,8 @@ async def pod_http(kl: "Kubelet", request: web.Request) -> web.Response:
         return _text(502, f'pod "{ns}/{name}" failed the request: {e}')
     except TimeoutError:
         return _text(504, f'pod "{ns}/{name}" did not answer in time')
+    if kl.free_heap() != kl.reported_free_heap:
+        kl.node_changed()  # a call that grew memory: report the free heap (and any pressure) now
     out = web.Response(status=resp.status, body=resp.body)
     for k, v in resp.headers:
         if k.lower() not in ("content-length", "transfer-encoding", "connection"):

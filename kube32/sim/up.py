@@ -20,7 +20,7 @@ from pathlib import Path
 from ..client import NODES, ApiError, Client
 
 READY_TIMEOUT = 120.0
-STOP_TIMEOUT = 15.0
+STOP_TIMEOUT = 30.0  # a worker drains itself for up to 20 s first
 
 
 def _sim(*args: str) -> list[str]:

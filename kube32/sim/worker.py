@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..client import Client
 from ..kubelet import Kubelet, KubeletOptions
+from ..kubelet.drain import drain_self
 from ..kubelet.migration import FAULTS
 from ..kubelet.quantity import parse_bytes
 from .profiles import profile
@@ -71,6 +72,10 @@ async def run_worker(kubeconfig: Path, server: str | None, opts: KubeletOptions)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    print(f"kube32 worker {opts.node_name} draining (up to 20 s)", flush=True)
+    left = await drain_self(kubelet)
+    if left:
+        print(f"kube32 worker {opts.node_name}: still here after 20 s: {', '.join(left)}", flush=True)
     print(f"kube32 worker {opts.node_name} stopping", flush=True)
     await kubelet.stop()
     await client.close()

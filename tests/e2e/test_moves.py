@@ -35,7 +35,7 @@ HOLDS_A_FILE = """
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    c = start_cluster(tmp_path_factory.mktemp("moves"), 2, "--backoff", "1")
+    c = start_cluster(tmp_path_factory.mktemp("moves"), 2, "--backoff", "1", "--checkpoint-retention", "6s")
     try:
         yield c
     finally:
@@ -80,8 +80,10 @@ def move(cluster: ControlPlane, pod: str, *args: str):
 
 
 def checkpoint_named(cluster: ControlPlane, pod: str, phase: str) -> dict:
-    items = get_json(cluster, "checkpoints")["items"]
-    return next(c for c in items if c["spec"]["podName"] == pod and c["status"].get("phase") == phase)
+    """The newest Checkpoint of ``pod`` in ``phase``."""
+    items = [c for c in get_json(cluster, "checkpoints")["items"]
+             if c["spec"]["podName"] == pod and c["status"].get("phase") == phase]
+    return max(items, key=lambda c: int(c["metadata"]["resourceVersion"]))
 
 
 def test_counter_moves_with_its_state(cluster: ControlPlane, image: str) -> None:
@@ -340,3 +342,24 @@ def test_a_failed_restore_rolls_back_to_the_source_with_the_state(cluster: Contr
         cluster.kubectl("delete", "pod", name, "--wait=false")
         worker.stop()
         cluster.kubectl("delete", "node", "bad-target", "--wait=false", check=False)
+
+
+def test_finished_checkpoints_go_after_the_retention_unless_a_pod_names_them(cluster: ControlPlane, image: str) -> None:
+    """The cluster runs with --checkpoint-retention 6s (1 hour by default)."""
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("kept", "sim-1", image))
+    running(cluster, "kept")
+    assert cli(cluster, "checkpoint", "kept").returncode == 0
+    saved = checkpoint_named(cluster, "kept", "Saved")["metadata"]["name"]
+    # A pod whose restore-from names a Checkpoint keeps it (here a pod that never runs).
+    pinned = yaml.safe_load(counter_pod("pinned", "x", image, annotations={"kube32.io/restore-from": saved}))
+    del pinned["spec"]["nodeName"]
+    pinned["spec"]["nodeSelector"] = {"kube32.io/no-such-label": "x"}  # stays Pending
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(pinned))
+    assert cli(cluster, "checkpoint", "kept").returncode == 0
+    names = {c["metadata"]["name"] for c in get_json(cluster, "checkpoints")["items"]
+             if c["spec"]["podName"] == "kept"}
+    other = (names - {saved}).pop()
+    wait_for(lambda: other not in {c["metadata"]["name"] for c in get_json(cluster, "checkpoints")["items"]},
+             20, what="the unreferenced checkpoint to go")
+    assert saved in {c["metadata"]["name"] for c in get_json(cluster, "checkpoints")["items"]}
+    cluster.kubectl("delete", "pod", "pinned", "kept", "--wait=false")

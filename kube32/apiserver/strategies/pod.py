@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import movability
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
 
@@ -85,6 +86,27 @@ def validate_pod_spec(spec: Any, prefix: str) -> list[tuple[str, str]]:
     return errs
 
 
+def validate_migration_annotations(pod: dict[str, Any]) -> list[tuple[str, str]]:
+    """The migration annotations users write (spec: "Policies", "Periodic checkpoints")."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    field = "metadata.annotations[{}]"
+    errs = []
+    value = ann.get(movability.MIGRATION)
+    if value is not None and value not in movability.POLICIES:
+        errs.append((field.format(movability.MIGRATION),
+                     f'Unsupported value: "{value}": supported values: "OnDrain", "Never", "Auto"'))
+    value = ann.get(movability.CHECKPOINT_INTERVAL)
+    if value is not None:
+        try:
+            movability.parse_interval(str(value))
+        except ValueError as e:
+            errs.append((field.format(movability.CHECKPOINT_INTERVAL), f"Invalid value: {e}"))
+    value = ann.get(movability.PLACEMENT)
+    if value is not None and value != "fastest":
+        errs.append((field.format(movability.PLACEMENT), f'Unsupported value: "{value}": supported values: "fastest"'))
+    return errs
+
+
 def pod_status_text(pod: dict[str, Any]) -> str:
     """The STATUS column, after kubectl's printPod."""
     status = pod.get("status") or {}
@@ -130,7 +152,7 @@ class PodStrategy(Strategy):
         return unknown_pod_spec_fields(obj.get("spec"), "spec")
 
     def validate(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
-        return validate_pod_spec(obj.get("spec"), "spec")
+        return validate_pod_spec(obj.get("spec"), "spec") + validate_migration_annotations(obj)
 
     def validate_update(self, new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, str]]:
         errs = self.validate(new)

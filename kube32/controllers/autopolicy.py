@@ -1,0 +1,156 @@
+"""The Auto policy: pods with ``kube32.io/migration: Auto`` move on their own (spec: "Policies").
+
+Two cases, both as Move Checkpoints the Checkpoint controller carries out:
+
+* Memory pressure: while a node reports ``MemoryPressure`` (free heap below 24 KiB),
+  the Auto pod on it that requests the most memory moves (no target: the
+  scheduler, or the fastest node for ``placement: fastest`` pods, picks one), at
+  most one pod per node per minute.  Label ``kube32.io/trigger: memory-pressure``.
+* A faster node: an Auto pod with ``kube32.io/placement: fastest`` moves to the
+  fastest Ready node that takes it when that node's ``kube32.io/interp-mops`` is at
+  least twice its current node's.  Label ``kube32.io/trigger: placement``.
+
+A pod moves on its own at most once per 10 minutes.  The cooldowns live in memory:
+a control plane restart clears them.  Work-queue keys: ``node/<name>`` for pressure
+and :data:`PLACEMENT_PASS` for placement.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from fractions import Fraction
+from typing import Any
+
+from .. import movability
+from ..client import CHECKPOINTS, NODES, PODS
+from .base import Controller
+from .checkpoint import fastest_fit, interp_mops
+from .scheduler import condition_status, node_ready, pod_requests
+
+log = logging.getLogger("kube32.autopolicy")
+Obj = dict[str, Any]
+PLACEMENT_PASS = "placement"
+UNDER_WAY = ("Pending", "Saving", "Moving")
+
+
+def _pod_key(pod: Obj) -> str:
+    return f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
+
+
+class AutoPolicy(Controller):
+    name = "auto-policy"
+    workers = 1  # cooldowns are read and written by one worker
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.nodes = ctx.informers.get(NODES)
+        self.pods = ctx.informers.get(PODS)
+        self.checkpoints = ctx.informers.get(CHECKPOINTS)
+        self.node_cooldown = ctx.options.pressure_move_cooldown_seconds
+        self.pod_cooldown = ctx.options.auto_move_cooldown_seconds
+        self._node_moved: dict[str, float] = {}   # node -> monotonic time of its last pressure move
+        self._pod_moved: dict[str, float] = {}    # ns/name -> monotonic time of its last own move
+
+    def setup(self) -> None:
+        self.nodes.add_handler(self._on_node)
+        self.pods.add_handler(lambda t, pod, old: self._on_pod(pod))
+
+    def _on_node(self, etype: str, node: Obj, old: Obj | None) -> None:
+        self.queue.add(f"node/{node['metadata']['name']}")
+        self.queue.add(PLACEMENT_PASS)
+
+    def _on_pod(self, pod: Obj) -> None:
+        if movability.policy(pod) == "Auto":
+            self.queue.add(PLACEMENT_PASS)
+            if pod["spec"].get("nodeName"):
+                self.queue.add(f"node/{pod['spec']['nodeName']}")
+
+    async def resync(self) -> None:
+        self.queue.add(PLACEMENT_PASS)
+        for node in self.nodes.list():
+            self.queue.add(f"node/{node['metadata']['name']}")
+
+    async def sync(self, key: Any) -> None:
+        if key == PLACEMENT_PASS:
+            await self._placement()
+        elif str(key).startswith("node/"):
+            await self._pressure(str(key)[5:])
+
+    # --- shared -------------------------------------------------------------------
+    def _candidates(self, node: str | None = None) -> list[Obj]:
+        """Auto pods that run, have no move under way and are out of their cooldown."""
+        busy = {(c["metadata"].get("namespace"), (c.get("spec") or {}).get("podName"))
+                for c in self.checkpoints.list()
+                if (c.get("spec") or {}).get("action") == "Move" and (c.get("status") or {}).get("phase", "Pending") in UNDER_WAY}
+        now = time.monotonic()
+        out = []
+        for pod in self.pods.list():
+            md, spec, st = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+            if movability.policy(pod) != "Auto" or md.get("deletionTimestamp") or st.get("phase") != "Running":
+                continue
+            if node is not None and spec.get("nodeName") != node:
+                continue
+            if (md.get("namespace"), md["name"]) in busy or movability.RESTORE_FROM in (md.get("annotations") or {}):
+                continue
+            if now - self._pod_moved.get(_pod_key(pod), -1e18) < self.pod_cooldown:
+                continue
+            if movability.spec_blockers(pod):
+                continue
+            out.append(pod)
+        return out
+
+    async def _move(self, pod: Obj, trigger: str, target: str | None, why: str) -> None:
+        md = pod["metadata"]
+        spec: Obj = {"podName": md["name"], "action": "Move"}
+        if target:
+            spec["target"] = {"nodeName": target}
+        await self.client.create(CHECKPOINTS, {
+            "apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+            "metadata": {"name": f"{md['name'][:40]}-{trigger}-{secrets.token_hex(3)}", "namespace": md["namespace"],
+                         "labels": {movability.TRIGGER: trigger}},
+            "spec": spec}, md["namespace"])
+        self._pod_moved[_pod_key(pod)] = time.monotonic()
+        await self.recorder.record(pod, "Normal", "AutoMove", why)
+
+    # --- memory pressure -------------------------------------------------------------
+    async def _pressure(self, node_name: str) -> None:
+        node = next((n for n in self.nodes.list() if n["metadata"]["name"] == node_name), None)
+        if node is None or condition_status(node, "MemoryPressure") != "True":
+            return
+        waited = time.monotonic() - self._node_moved.get(node_name, -1e18)
+        if waited < self.node_cooldown:
+            self.queue.add_after(f"node/{node_name}", self.node_cooldown - waited + 0.05)
+            return
+        pods = self._candidates(node_name)
+        if not pods:
+            return
+        biggest = max(pods, key=lambda p: (pod_requests(p).get("memory", Fraction(0)), p["metadata"]["name"]))
+        self._node_moved[node_name] = time.monotonic()
+        await self._move(biggest, "memory-pressure", None,
+                         f"Node {node_name} is short of memory: moving the Auto pod that requests the most")
+        self.queue.add_after(f"node/{node_name}", self.node_cooldown + 0.05)
+
+    # --- faster nodes ------------------------------------------------------------------
+    async def _placement(self) -> None:
+        nodes = [n for n in self.nodes.list() if node_ready(n)]
+        by_name = {n["metadata"]["name"]: n for n in self.nodes.list()}
+        soonest = None
+        for pod in self.pods.list():
+            if (pod["metadata"].get("annotations") or {}).get(movability.PLACEMENT) != "fastest":
+                continue
+            if pod not in self._candidates(pod["spec"].get("nodeName")):
+                left = self.pod_cooldown - (time.monotonic() - self._pod_moved.get(_pod_key(pod), -1e18))
+                if 0 < left and movability.policy(pod) == "Auto":
+                    soonest = left if soonest is None else min(soonest, left)
+                continue
+            current = by_name.get(pod["spec"]["nodeName"])
+            best = fastest_fit(pod, nodes, self.pods.list(), None, {pod["spec"]["nodeName"]})
+            if current is None or best is None:
+                continue
+            fast, here = interp_mops(by_name[best]), interp_mops(current)
+            if fast >= 2 * here:
+                await self._move(pod, "placement", best,
+                                 f"Node {best} ({fast:g} MOPS) is at least twice as fast as {current['metadata']['name']} ({here:g} MOPS)")
+        if soonest is not None:
+            self.queue.add_after(PLACEMENT_PASS, soonest + 0.05)

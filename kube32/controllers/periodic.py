@@ -1,0 +1,141 @@
+"""Periodic checkpoints (spec: "Periodic checkpoints and node loss", "Retention").
+
+A pod with ``kube32.io/checkpoint-interval`` gets a Save Checkpoint labelled
+``kube32.io/trigger: periodic`` every interval (the Checkpoint controller takes
+it; the pod freezes for the snapshot and resumes).  Keys are pods
+(``namespace/name``: a moved pod keeps its name, and its checkpoints).
+
+Retention, per pod: the latest Saved periodic checkpoint stays, older ones go;
+all of them go with the pod; one that a pod's ``kube32.io/restore-from`` names
+stays whatever its age.  Policy ``Never`` pods are never checkpointed.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any
+
+from .. import movability
+from ..client import CHECKPOINTS, PODS, ApiError
+from .base import Controller, split_key
+from .podutil import parse_time
+
+log = logging.getLogger("kube32.periodic")
+Obj = dict[str, Any]
+IN_PROGRESS = ("Pending", "Saving")
+
+
+def _periodic_of(checkpoints: list[Obj], ns: str, pod: str) -> list[Obj]:
+    return [c for c in checkpoints
+            if (c["metadata"].get("labels") or {}).get(movability.TRIGGER) == "periodic"
+            and c["metadata"].get("namespace") == ns and (c.get("spec") or {}).get("podName") == pod]
+
+
+def _taken(ck: Obj) -> float:
+    t = parse_time((ck.get("status") or {}).get("takenAt") or ck["metadata"].get("creationTimestamp"))
+    return t.timestamp() if t else 0.0
+
+
+def _created(ck: Obj) -> float:
+    t = parse_time(ck["metadata"].get("creationTimestamp"))
+    return t.timestamp() if t else 0.0
+
+
+def latest_periodic(checkpoints: list[Obj], ns: str, pod: str) -> Obj | None:
+    """The newest Saved periodic checkpoint of a pod that still has its data."""
+    saved = [c for c in _periodic_of(checkpoints, ns, pod)
+             if (c.get("status") or {}).get("phase") == "Saved" and (c.get("status") or {}).get("sizeBytes")]
+    return max(saved, key=_taken, default=None)
+
+
+class PeriodicCheckpoints(Controller):
+    name = "periodic-checkpoints"
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.pods = ctx.informers.get(PODS)
+        self.checkpoints = ctx.informers.get(CHECKPOINTS)
+
+    def setup(self) -> None:
+        self.pods.add_handler(lambda t, pod, old: self._enqueue(pod["metadata"].get("namespace", ""),
+                                                                 pod["metadata"]["name"]))
+        self.checkpoints.add_handler(self._on_checkpoint)
+
+    def _on_checkpoint(self, etype: str, ck: Obj, old: Obj | None) -> None:
+        if (ck["metadata"].get("labels") or {}).get(movability.TRIGGER) == "periodic":
+            self._enqueue(ck["metadata"].get("namespace", ""), (ck.get("spec") or {}).get("podName", ""))
+
+    def _enqueue(self, ns: str, name: str) -> None:
+        self.queue.add(f"{ns}/{name}")
+
+    async def resync(self) -> None:
+        for pod in self.pods.list():
+            if movability.CHECKPOINT_INTERVAL in (pod["metadata"].get("annotations") or {}):
+                self._enqueue(pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    async def sync(self, key: Any) -> None:
+        ns, name = split_key(key)
+        ns = ns or "default"
+        pod = self.pods.get(f"{ns}/{name}")
+        mine = _periodic_of(self.checkpoints.list(), ns, name)
+        await self._retain(pod, ns, name, mine)
+        if pod is None:
+            return
+        interval = self._interval(pod)
+        if interval is None:
+            return
+        if any((c.get("status") or {}).get("phase") in IN_PROGRESS for c in mine):
+            return  # the one under way is this interval's
+        last = max((_created(c) for c in mine), default=0.0)
+        due = last + interval - time.time()
+        if due > 0:
+            self.queue.add_after(key, due + 0.05)
+            return
+        if not self._running(pod):
+            self.queue.add_after(key, min(interval, 5.0))
+            return
+        await self.client.create(CHECKPOINTS, {
+            "apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+            "metadata": {"name": f"{name[:40]}-periodic-{int(time.time())}-{secrets.token_hex(2)}", "namespace": ns,
+                         "labels": {movability.TRIGGER: "periodic"}},
+            "spec": {"podName": name, "action": "Save"}}, ns)
+        self.queue.add_after(key, interval)
+
+    @staticmethod
+    def _interval(pod: Obj) -> float | None:
+        value = (pod["metadata"].get("annotations") or {}).get(movability.CHECKPOINT_INTERVAL)
+        if value is None or movability.policy(pod) == "Never":
+            return None
+        try:
+            return movability.parse_interval(str(value))
+        except ValueError:
+            return None  # the API server refuses such pods; an old one is left alone
+
+    @staticmethod
+    def _running(pod: Obj) -> bool:
+        status = pod.get("status") or {}
+        return (status.get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+                and all(cs.get("ready") for cs in status.get("containerStatuses") or [{}]))
+
+    async def _retain(self, pod: Obj | None, ns: str, name: str, mine: list[Obj]) -> None:
+        """Keep the latest Saved, those under way, the newest failure after it (so users
+        see why) and any a pod's restore-from names; the rest go (all, with the pod)."""
+        named = {(p["metadata"].get("annotations") or {}).get(movability.RESTORE_FROM)
+                 for p in self.pods.list() if p["metadata"].get("namespace") == ns}
+        keep: set[str] = set()
+        if pod is not None:
+            latest = latest_periodic(mine, ns, name)
+            since = _taken(latest) if latest else 0.0
+            failed = sorted((c for c in mine if (c.get("status") or {}).get("phase") == "Failed"
+                             and _created(c) > since), key=_created)
+            keep = {c["metadata"]["name"] for c in mine if (c.get("status") or {}).get("phase") in IN_PROGRESS}
+            keep |= {c["metadata"]["name"] for c in ([latest] if latest else []) + failed[-1:]}
+        for ck in mine:
+            if ck["metadata"]["name"] in keep or ck["metadata"]["name"] in named:
+                continue
+            try:
+                await self.client.delete(CHECKPOINTS, ck["metadata"]["name"], ns, uid=ck["metadata"]["uid"])
+            except ApiError as e:
+                if e.code not in (404, 409):
+                    raise

@@ -1,0 +1,85 @@
+"""Restores outside a move: after a node loss or a rolled-back move (spec: "Moves",
+"Periodic checkpoints and node loss").
+
+A pod carrying ``kube32.io/restore-from`` that no Moving Checkpoint waits for is
+watched here until its container runs: then the annotation goes (a later restart
+starts afresh) and a Restored event names the checkpoint and its age.  A restore
+that fails ends the pod Failed (the kubelet does that); the pod is then replaced,
+in one write, without the annotation, so it starts afresh.  Keys are pods.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .. import movability
+from ..client import CHECKPOINTS, PODS, ApiError
+from .base import Controller, key_of, split_key
+from .checkpoint import replacement_of
+from .podutil import parse_time
+
+log = logging.getLogger("kube32.restore")
+Obj = dict[str, Any]
+
+
+def restore_from(pod: Obj) -> str | None:
+    return (pod["metadata"].get("annotations") or {}).get(movability.RESTORE_FROM)
+
+
+class RestoreController(Controller):
+    name = "restore-controller"
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.pods = ctx.informers.get(PODS)
+        self.checkpoints = ctx.informers.get(CHECKPOINTS)
+
+    def setup(self) -> None:
+        self.pods.add_handler(lambda t, pod, old: restore_from(pod) and self.queue.add(key_of(pod)))
+
+    async def sync(self, key: Any) -> None:
+        ns, name = split_key(key)
+        pod = await self.client.try_get(PODS, name, ns)
+        if pod is None or not restore_from(pod) or pod["metadata"].get("deletionTimestamp"):
+            return
+        ck_name = restore_from(pod)
+        ck = await self.client.try_get(CHECKPOINTS, ck_name, ns)
+        st = (ck or {}).get("status") or {}
+        if st.get("phase") == "Moving" and st.get("newPodUID") == pod["metadata"]["uid"]:
+            return  # a move under way: the Checkpoint controller sees it through
+        status = pod.get("status") or {}
+        states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
+        if status.get("phase") == "Running" and states and all("running" in s for s in states):
+            await self._restored(pod, ck_name, st)
+        elif status.get("phase") == "Failed" or any("terminated" in s for s in states):
+            await self._start_afresh(pod, ck_name, states)
+
+    async def _restored(self, pod: Obj, ck_name: str, st: Obj) -> None:
+        patch = [{"op": "test", "path": "/metadata/uid", "value": pod["metadata"]["uid"]},
+                 {"op": "remove", "path": "/metadata/annotations/kube32.io~1restore-from"}]
+        try:
+            await self.client.patch(PODS, pod["metadata"]["name"], patch, pod["metadata"]["namespace"], type="json")
+        except ApiError as e:
+            if e.code in (404, 409, 422):
+                return
+            raise
+        taken = parse_time(st.get("takenAt"))
+        age = f"{max(0, int(time.time() - taken.timestamp()))} s" if taken else "unknown age"
+        where = pod["spec"].get("nodeName")
+        await self.recorder.record(pod, "Normal", "Restored",
+                                   f"Restored on {where} from checkpoint {ck_name}, taken {age} ago")
+
+    async def _start_afresh(self, pod: Obj, ck_name: str, states: list[Obj]) -> None:
+        why = next((s["terminated"].get("message") for s in states if "terminated" in s), "") or \
+            (pod.get("status") or {}).get("message") or "the restore failed"
+        md = pod["metadata"]
+        try:
+            await self.client.post_subresource(PODS, md["name"], "replacement", replacement_of(pod, None, None),
+                                               md["namespace"], params={"uid": md["uid"]})
+        except ApiError as e:
+            if e.code in (404, 409):
+                return
+            raise
+        await self.recorder.record(pod, "Warning", "MoveFailed",
+                                   f"Could not restore from checkpoint {ck_name} ({why}); the pod starts afresh")

@@ -1,0 +1,66 @@
+"""A stopping worker drains itself (spec: "Drain and evictions").
+
+On Ctrl-C or SIGTERM a ``kube32-sim`` worker cordons its Node, marks it with the
+annotation ``kube32.io/left: "true"``, evicts its pods other than DaemonSet pods
+(through ``pods/<name>/eviction``, so a movable pod moves and any other is
+deleted and replaced by its owner) and waits up to 20 s for them to leave, while
+its kubelet still serves their snapshots.  A budget that refuses (429) is asked
+again every second until the time is up.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..client import NODES, PODS, ApiError
+
+if TYPE_CHECKING:
+    from .kubelet import Kubelet
+
+log = logging.getLogger("kube32.kubelet.drain")
+LEFT = "kube32.io/left"
+DRAIN_SECONDS = 20.0
+
+
+def _daemon_pod(pod: dict[str, Any]) -> bool:
+    return any(r.get("kind") == "DaemonSet" for r in (pod["metadata"].get("ownerReferences") or []))
+
+
+async def drain_self(kl: "Kubelet", timeout: float = DRAIN_SECONDS) -> list[str]:
+    """Cordon, mark left, evict, wait; returns the pods still here when the time ran out."""
+    name = kl.options.node_name
+    deadline = time.monotonic() + timeout
+    try:
+        await kl.client.patch(NODES, name, {"spec": {"unschedulable": True},
+                                            "metadata": {"annotations": {LEFT: "true"}}})
+    except ApiError as e:
+        log.warning("cannot cordon %s: %s", name, e)
+    leaving = {p["metadata"]["uid"]: p for p in kl.informer.list()
+               if not _daemon_pod(p) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
+    pending = dict(leaving)
+    while pending and time.monotonic() < deadline:
+        for uid, pod in list(pending.items()):
+            md = pod["metadata"]
+            eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                        "metadata": {"name": md["name"], "namespace": md["namespace"]},
+                        "deleteOptions": {"preconditions": {"uid": uid}}}
+            try:
+                await kl.client.post_subresource(PODS, md["name"], "eviction", eviction, md["namespace"])
+                del pending[uid]
+            except ApiError as e:
+                if e.code in (404, 409):
+                    del pending[uid]  # gone or replaced already
+                elif e.code != 429:
+                    log.warning("cannot evict %s/%s: %s", md["namespace"], md["name"], e)
+                    del pending[uid]
+        if pending:
+            await asyncio.sleep(1.0)
+    while time.monotonic() < deadline:
+        here = {p["metadata"]["uid"] for p in kl.informer.list()}
+        if not (here & set(leaving)):
+            return []
+        await asyncio.sleep(0.1)
+    here = {p["metadata"]["uid"]: p for p in kl.informer.list()}
+    return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for u, p in here.items() if u in leaving]
