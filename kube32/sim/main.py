@@ -10,6 +10,8 @@ from pathlib import Path
 
 from ..apiserver.auth import TokenFileError
 from ..controllers.base import ControllerOptions
+from ..apiserver.checkpointdata import BOARD_CAPACITY, SIM_CAPACITY
+from ..kubelet.quantity import parse_bytes
 from .controlplane import ControlPlaneOptions, run_control_plane
 from .worker import add_node_flags, kubelet_options, run_worker
 
@@ -65,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                     help='static bearer tokens, CSV lines token,user,uid,"group1,group2" '
                          "(as kube-apiserver's --token-auth-file)")
     add_control_plane_timings(cp)
+    cp.add_argument("--checkpoint-space", metavar="SIZE",
+                    help="memory for all checkpoint data (default 16Mi; 256Ki, the board's PSRAM share, "
+                         "when --profile devkit is given)")
     cp.add_argument("--node-name", default="devkit", help="the control plane's own node (default devkit)")
     cp.add_argument("--no-kubelet", action="store_true", help="run no node on the control plane")
     add_node_flags(cp, default_profile="devkit", port_flag="--kubelet-port")
@@ -88,7 +93,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def checkpoint_space(args: argparse.Namespace, argv: list[str]) -> int:
+    """Bytes for checkpoint data: --checkpoint-space, else the board's 256 KiB when the
+    devkit profile is asked for explicitly, else the simulator's 16 MiB."""
+    if args.checkpoint_space:
+        try:
+            return parse_bytes(args.checkpoint_space)
+        except ValueError as e:
+            raise SystemExit(f"kube32-sim: --checkpoint-space: {e}") from None
+    explicit = any(a == "--profile" or a.startswith("--profile=") for a in argv)
+    return BOARD_CAPACITY if explicit and args.profile == "devkit" else SIM_CAPACITY
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -98,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 args, args.node_name, control_plane=True, data_dir=args.data_dir / "nodes" / args.node_name)
             opts = ControlPlaneOptions(data_dir=args.data_dir, host=args.host, port=args.port,
                                        insecure_http=args.insecure_http, kubelet=kubelet,
+                                       checkpoint_space=checkpoint_space(args, argv),
                                        token_auth_file=args.token_auth_file,
                                        controllers=ControllerOptions(
                                            node_monitor_grace_seconds=args.node_monitor_grace_period,
