@@ -125,6 +125,7 @@ class NodeLifecycle(Controller):
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
         self._heard: dict[str, tuple[tuple, float]] = {}  # node -> (heartbeat marks, monotonic when they changed)
         self._evicting: set[str] = set()                  # pod uids already handed to evict_from_lost_node
+        self._last_ready: dict[str, str | None] = {}      # node -> Ready status last seen (for events)
 
     def setup(self) -> None:
         self.nodes.add_handler(lambda _t, node, _o: self.queue.add(node["metadata"]["name"]))
@@ -170,6 +171,7 @@ class NodeLifecycle(Controller):
         node = self.nodes.get(name)
         if node is None:
             self._heard.pop(name, None)
+            self._last_ready.pop(name, None)
             return
         opts = self.ctx.options
         silent = self._silent_for(node)
@@ -188,7 +190,18 @@ class NodeLifecycle(Controller):
             # The cache was behind our own (or the kubelet's) last write: look again shortly.
             self.queue.add_after(name, 0.1)
             return
+        await self._record_transition(node, ready)
         await self._evict_pods(node)
+
+    async def _record_transition(self, node: Obj, ready: str | None) -> None:
+        """NodeNotReady / NodeReady events when Ready leaves or reaches True (first sight: none)."""
+        name = node["metadata"]["name"]
+        before = self._last_ready.get(name, ready)
+        self._last_ready[name] = ready
+        if before == "True" and ready != "True":
+            await self.recorder.record(node, "Normal", "NodeNotReady", f"Node {name} status is now: NodeNotReady")
+        elif before != "True" and ready == "True":
+            await self.recorder.record(node, "Normal", "NodeReady", f"Node {name} status is now: NodeReady")
 
     async def _mark_unknown(self, node: Obj) -> Obj:
         name = node["metadata"]["name"]
@@ -208,7 +221,6 @@ class NodeLifecycle(Controller):
                  "status": {"conditions": conditions}}
         out = await self.client.patch(NODES, name, patch, subresource="status")
         log.info("node %s: no heartbeat for %.0fs, Ready=Unknown", name, self.ctx.options.node_monitor_grace_seconds)
-        await self.recorder.record(node, "Normal", "NodeNotReady", f"Node {name} status is now: NodeNotReady")
         await self._mark_pods_not_ready(name)
         return out
 

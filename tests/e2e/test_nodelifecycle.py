@@ -92,6 +92,9 @@ def test_lost_node_is_tainted_and_its_pods_evicted_after_their_toleration(cluste
     wait_for(lambda: ready_of(core, "sim-1").status == "True" and not taints_of(core, "sim-1"), 20,
              what="taints removed")
     assert not gone(core, "patient")
+    wait_for(lambda: any(e["reason"] == "NodeReady" and e["involvedObject"]["name"] == "sim-1" for e in
+                         json.loads(cp.kubectl("get", "events", "-o", "json").stdout)["items"]), 20,
+             what="NodeReady event")
 
 
 def test_not_ready_node_gets_the_not_ready_taint_and_a_graceful_eviction(cluster) -> None:
