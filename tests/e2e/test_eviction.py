@@ -92,7 +92,7 @@ def test_drain_evicts_waits_and_reports_budgets(cluster) -> None:
     # Ownerless pods need --force (kubectl's own check); the budget then blocks with 429s.
     unforced = cp.kubectl("drain", "sim-1", "--ignore-daemonsets", "--timeout=5s", check=False)
     assert unforced.returncode != 0 and "cannot delete Pods that declare no controller" in unforced.stderr
-    blocked = cp.kubectl("drain", "sim-1", "--ignore-daemonsets", "--force", "--timeout=7s", check=False)
+    blocked = cp.kubectl("drain", "sim-1", "--ignore-daemonsets", "--force", "--timeout=3s", check=False)
     assert blocked.returncode != 0
     assert ("Cannot evict pod as it would violate the pod's disruption budget." in blocked.stdout + blocked.stderr)
     assert "SchedulingDisabled" in cp.kubectl("get", "node", "sim-1").stdout
