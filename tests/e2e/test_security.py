@@ -231,6 +231,45 @@ def test_kubelet_checkpoint_answers_only_the_control_plane(cluster: Cluster) -> 
     assert code not in (401, 403)
 
 
+def test_a_runaway_call_ends_when_its_pod_is_deleted(cluster: Cluster) -> None:
+    import subprocess
+    import sys
+    import threading
+    import time
+    from tests.conftest import ROOT
+    out = subprocess.run([sys.executable, "-m", "kube32.cli.main", "image", "push",
+                          str(ROOT / "examples" / "pods" / "counter.wasm"), "--kubeconfig", str(cluster.cp.kubeconfig)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    image = out.stdout.strip()
+    # Its Secret and ConfigMap are read by w1's kubelet under the node authorizer: Ready proves it.
+    cluster.kubectl(None, "apply", "-f", "-", check=True, input=yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "busy-cfg"}, "data": {"a.conf": "x"}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "busy"},
+         "spec": {"nodeName": "w1", "containers": [{
+             "name": "main", "image": image,
+             "env": [{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s-w1", "key": "k"}}}],
+             "volumeMounts": [{"name": "cfg", "mountPath": "/etc/busy"}]}],
+             "volumes": [{"name": "cfg", "configMap": {"name": "busy-cfg"}}]}}]))
+    admin = cluster.token_of("kubernetes-admin")
+
+    def ready() -> bool:
+        pod = json.loads(cluster.kubectl(None, "get", "pod", "busy", "-o", "json", check=True).stdout)
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+    wait_for(ready, 30, what="the busy pod Ready")
+    result: list[tuple[int, bytes]] = []
+    # Ten minutes of busy loop: only the pod's deletion (or the 10 s call timeout) can end it.
+    call = threading.Thread(target=lambda: result.append(cluster.call(
+        "POST", f"/api/v1/namespaces/{NS}/pods/busy/proxy/work?ms=600000", admin, b"")))
+    call.start()
+    time.sleep(1)   # ordering only: let the call reach the pod before it is deleted
+    cluster.kubectl(None, "delete", "pod", "busy", "--wait=true", check=True)
+    call.join(30)
+    assert not call.is_alive()
+    code, body = result[0]
+    assert code == 502 and b"pod stopped" in body, (code, body[:300])
+
+
 def http_client_errors():
     import http.client
     return http.client.HTTPException
