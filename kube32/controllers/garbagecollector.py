@@ -25,7 +25,7 @@ from typing import Any
 from ..client import (CHECKPOINTS, CONFIGMAPS, DAEMONSETS, DEPLOYMENTS, ENDPOINTS, ENDPOINTSLICES,
                       PODS, REPLICASETS, SECRETS, SERVICES, ApiError, Kind)
 from ..client.kinds import by_api_kind
-from .base import Controller, key_of, split_key
+from .base import Controller, key_of
 
 log = logging.getLogger("kube32.garbagecollector")
 Obj = dict[str, Any]
