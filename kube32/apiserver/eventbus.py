@@ -64,10 +64,14 @@ def add_routes(router: web.UrlDispatcher, bus: EventBus) -> None:
         ns, topic = request.match_info["ns"], request.match_info["topic"]
         if not _NAME.match(topic):
             raise errors.bad_request(f'invalid topic name "{topic}": letters, digits and ._:/- only')
-        payload = await request.content.read(MAX_PAYLOAD + 1)
-        if len(payload) > MAX_PAYLOAD:
-            raise errors.APIError(413, "RequestEntityTooLarge",
-                                  f"an event payload may be at most {MAX_PAYLOAD} bytes")
+        # The whole body, however it arrives (content.read(n) may return a first piece only).
+        payload = bytearray()
+        async for chunk in request.content.iter_chunked(1 << 16):
+            payload += chunk
+            if len(payload) > MAX_PAYLOAD:
+                raise errors.APIError(413, "RequestEntityTooLarge",
+                                      f"an event payload may be at most {MAX_PAYLOAD} bytes")
+        payload = bytes(payload)
         reached = bus.publish(ns, topic, payload, request.query.get("source", ""))
         body = {"kind": "TopicEvent", "apiVersion": "kube32.io/v1", "namespace": ns, "topic": topic,
                 "size": len(payload), "subscribers": reached}

@@ -304,3 +304,27 @@ def test_oversized_and_malformed_bodies_get_a_status(cluster: Cluster) -> None:
     assert code == 413, out[:300]
     assert cluster.call("GET", f"{cluster.kubelet('w1')}/healthz")[0] == 200
     assert cluster.kubectl(None, "get", "nodes").returncode == 0
+
+
+def test_a_chunked_event_payload_is_read_whole_and_limited(cluster: Cluster) -> None:
+    import http.client
+    admin = cluster.token_of("kubernetes-admin")
+    host, port = cluster.server.removeprefix("https://").split(":")
+
+    def publish(pieces: list[bytes]) -> tuple[int, dict]:
+        conn = http.client.HTTPSConnection(host, int(port), context=cluster.ctx, timeout=30)
+        conn.putrequest("POST", f"/apis/kube32.io/v1/namespaces/{NS}/topics/t")
+        conn.putheader("Authorization", f"Bearer {admin}")
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        for p in pieces:
+            conn.send(b"%x\r\n%s\r\n" % (len(p), p))
+        conn.send(b"0\r\n\r\n")
+        r = conn.getresponse()
+        out = r.status, json.loads(r.read())
+        conn.close()
+        return out
+    code, body = publish([b"a" * 40000, b"b" * 20000])
+    assert code == 201 and body["size"] == 60000
+    code, body = publish([b"a" * 40000, b"b" * 40000])
+    assert code == 413 and body["kind"] == "Status" and "at most 65536 bytes" in body["message"]
