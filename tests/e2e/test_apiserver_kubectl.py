@@ -7,7 +7,7 @@ import time
 import pytest
 import yaml
 
-from tests.conftest import ControlPlane, start_control_plane, wait_for
+from tests.conftest import ControlPlane, start_control_plane, wait_for  # noqa: F401
 
 POD = """
 apiVersion: v1
@@ -170,20 +170,22 @@ def test_nodes_cordon_uncordon_and_table(control_plane: ControlPlane) -> None:
 
 def test_checkpoints_table_and_status_rules(control_plane: ControlPlane) -> None:
     cp = control_plane
-    apply(cp, CHECKPOINT)
-    ck = json.loads(cp.kubectl("get", "ckpt", "ck1", "-o", "json").stdout)
+    ck = json.loads(cp.kubectl("create", "-f", "-", "-o", "json", input=CHECKPOINT).stdout)
     assert ck["status"] == {"phase": "Pending"}, "status is kept out of creates"
+    # The Checkpoint controller then fails it: its pod does not exist.
+    wait_for(lambda: "Failed" in cp.kubectl("get", "ckpt", "ck1").stdout, 10, what="the controller's verdict")
     out = cp.kubectl("get", "checkpoints").stdout.splitlines()
     assert out[0].split() == ["NAME", "POD", "ACTION", "PHASE", "NODE", "SIZE", "AGE"]
-    assert out[1].split()[:4] == ["ck1", "web-1", "Move", "Pending"]
+    assert out[1].split()[:4] == ["ck1", "web-1", "Move", "Failed"]
+    assert 'pod "web-1" not found' in cp.kubectl("get", "ckpt", "-o", "wide").stdout
     wide = cp.kubectl("get", "ckpt", "-o", "wide").stdout.splitlines()[0]
     assert wide.split()[-4:] == ["TARGET", "NEW", "POD", "MESSAGE"]
 
     from kubernetes import client
     custom = client.CustomObjectsApi(cp.client())
     custom.patch_namespaced_custom_object("kube32.io", "v1", "default", "checkpoints", "ck1",
-                                          {"status": {"phase": "Failed"}})
-    assert custom.get_namespaced_custom_object("kube32.io", "v1", "default", "checkpoints", "ck1")["status"]["phase"] == "Pending"
+                                          {"status": {"phase": "Saved"}})
+    assert custom.get_namespaced_custom_object("kube32.io", "v1", "default", "checkpoints", "ck1")["status"]["phase"] == "Failed"
     custom.patch_namespaced_custom_object_status("kube32.io", "v1", "default", "checkpoints", "ck1",
                                                  {"status": {"phase": "Failed", "message": "no room"},
                                                   "spec": {"podName": "other"}})

@@ -8,15 +8,15 @@ from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, condition, get
 
 
 def node_status_text(node: dict[str, Any]) -> str:
+    # As kubectl's printNode: Ready when True, NotReady when False or Unknown, Unknown
+    # only when the node never reported the condition.
     ready = condition(node, "Ready")
     if ready is None:
         text = "Unknown"
     elif ready.get("status") == "True":
         text = "Ready"
-    elif ready.get("status") == "False":
-        text = "NotReady"
     else:
-        text = "Unknown"
+        text = "NotReady"
     if (node.get("spec") or {}).get("unschedulable"):
         text += ",SchedulingDisabled"
     return text
