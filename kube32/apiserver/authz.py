@@ -374,10 +374,21 @@ def decode_review_protobuf(raw: bytes) -> dict[str, Any]:
         raise errors.bad_request(f"the protobuf body could not be decoded: {e}") from None
 
 
-async def _review_body(request: web.Request, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def decode_rules_review_protobuf(raw: bytes) -> dict[str, Any]:
+    """SelfSubjectRulesReview as protobuf: runtime.Unknown{2: review{2: spec{1: namespace}}}."""
+    try:
+        review = _proto_fields(_proto_fields(raw[4:])[2][-1])
+        spec = _proto_fields(review.get(2, [b""])[-1])
+        return {"spec": {"namespace": spec[1][-1].decode()} if 1 in spec else {}}
+    except (ValueError, KeyError, IndexError, UnicodeDecodeError, AttributeError) as e:
+        raise errors.bad_request(f"the protobuf body could not be decoded: {e}") from None
+
+
+async def _review_body(request: web.Request, what: str,
+                       proto: Any = decode_review_protobuf) -> tuple[dict[str, Any], dict[str, Any]]:
     raw = await bodies.read_raw(request)
     if raw.startswith(b"k8s\x00"):
-        body: Any = decode_review_protobuf(raw)
+        body: Any = proto(raw)
     else:
         body = bodies.decode(raw, bodies.media_type(request), f"cannot create {what}")
     if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
@@ -413,7 +424,7 @@ def add_routes(router: web.UrlDispatcher, authorizer: Authorizer) -> None:
     async def rules_review(request: web.Request) -> web.Response:
         from .server import json_response
         user: User = request["user"]
-        body, spec = await _review_body(request, "selfsubjectrulesreviews")
+        body, spec = await _review_body(request, "selfsubjectrulesreviews", decode_rules_review_protobuf)
         ns = str(spec.get("namespace") or "")
         attrs = Attributes(user.name, groups_of(user), "")
         if MASTERS in attrs.groups:
@@ -430,6 +441,15 @@ def add_routes(router: web.UrlDispatcher, authorizer: Authorizer) -> None:
                               "status": {"resourceRules": resource_rules, "nonResourceRules": url_rules,
                                          "incomplete": node_name(attrs) is not None}}, 201)
 
+    async def who_am_i(request: web.Request) -> web.Response:
+        from .server import json_response
+        user: User = request["user"]
+        await bodies.read_raw(request)      # any body: the answer is the caller
+        info = {"username": user.name, "uid": user.uid, "groups": list(groups_of(user))}
+        return json_response({"kind": "SelfSubjectReview", "apiVersion": "authentication.k8s.io/v1",
+                              "metadata": {}, "status": {"userInfo": info}}, 201)
+
+    router.add_post("/apis/authentication.k8s.io/v1/selfsubjectreviews", who_am_i)
     router.add_post(f"{base}/selfsubjectaccessreviews", self_review)
     router.add_post(f"{base}/subjectaccessreviews", subject_review)
     router.add_post(f"{base}/namespaces/{{ns}}/localsubjectaccessreviews", subject_review)

@@ -133,6 +133,8 @@ RESOURCES: tuple[Resource, ...] = (
              True, ReviewStrategy(), verbs=("create",)),
     Resource("authentication.k8s.io", "v1", "tokenreviews", "", "TokenReview",
              False, ReviewStrategy(), verbs=("create",)),
+    Resource("authentication.k8s.io", "v1", "selfsubjectreviews", "", "SelfSubjectReview",
+             False, ReviewStrategy(), verbs=("create",)),
 )
 
 GROUP_VERSIONS: dict[str, list[Resource]] = {}

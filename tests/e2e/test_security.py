@@ -153,6 +153,16 @@ def test_auth_can_i_answers_through_selfsubjectaccessreview(cluster: Cluster, to
     assert out.returncode == (0 if answer == "yes" else 1)
 
 
+def test_whoami_and_can_i_list(cluster: Cluster) -> None:
+    out = cluster.kubectl(JANE, "auth", "whoami", "-o", "json", check=True)
+    assert json.loads(out.stdout)["status"]["userInfo"] == {
+        "username": "jane", "uid": "u-jane", "groups": ["dev", "system:authenticated"]}
+    lines = cluster.kubectl(JANE, "auth", "can-i", "--list", check=True).stdout.splitlines()
+    checkpoints = next(line.split() for line in lines if line.startswith("checkpoints.kube32.io "))
+    assert checkpoints[-3:] == ["[get", "list", "watch]"]
+    assert not any(line.startswith(("secrets ", "checkpoints.kube32.io/data")) for line in lines)
+
+
 def test_node_credentials_reach_only_what_the_nodes_pods_use(cluster: Cluster) -> None:
     node = cluster.token_of("system:node:w1")
     base = f"/api/v1/namespaces/{NS}"
