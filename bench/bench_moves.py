@@ -1,0 +1,381 @@
+"""Moves on a real cluster (control plane + laptop-profile workers, real processes):
+latency by pod size, snapshot streaming, memory, move vs restart, drain.
+
+1. Move latency: the counter pod at 32 KiB (a 32Ki memory limit: only the limit's
+   bytes are snapshotted), 1, 16 and 64 MiB of linear memory, moved back and forth
+   between sim-1 and sim-2.  Two figures: the Checkpoint's ``status.moveMillis``
+   (freeze to Running, the Moved event's figure) and, as a client sees it, the last
+   answer from the source to the first answer from the target (a client polls the
+   pod through the API server all along).  Baseline: the raw store-and-forward
+   transfer of the same bytes over the same two loopback hops (bench/rawhops.py).
+2. Snapshot streaming: ``POST /checkpoint?leave=running`` of the 64 MiB pod through
+   the API server's node proxy, read to the end, against one raw loopback sendall
+   of the same bytes.
+3. Memory: VmHWM of a fresh worker while it restores the 64 MiB pod, against a fresh
+   worker's VmRSS with the same pod started fresh (one page) plus the linear memory;
+   the control plane's VmRSS (sampled every 2 ms) while it takes and serves the data.
+4. Move vs restart of a Deployment's pod: create-Checkpoint to the moved pod Ready,
+   against delete to the Deployment's new pod Ready.
+5. Drain: ``kubectl drain`` of a node with 100 counter pods; every pod must answer
+   from its new node with its request count one higher (its state kept).
+
+    python -m bench.bench_moves [--runs 5] [--drain-pods 100]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import statistics
+import time
+from typing import Any
+
+from kube32.client import CHECKPOINTS, DEPLOYMENTS, PODS, ApiError
+
+from . import rawhops, report
+from .cluster import (Cluster, RssSampler, alloc, counter_pod, pod_ready, pod_state, rss_bytes,
+                      wait_ready)
+
+MiB = 1 << 20
+SIZES = [("32 KiB", 32 << 10, "32Ki", 0), ("1 MiB", MiB, None, 960), ("16 MiB", 16 * MiB, None, 16320),
+         ("64 MiB", 64 * MiB, None, 65472)]
+Obj = dict[str, Any]
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+# --- one move, timed ------------------------------------------------------------------
+
+class Poller:
+    """Asks the pod for its state over and over; remembers the last answer that came
+    from before the move and the first that came after it (restored_calls went up)."""
+
+    def __init__(self, cluster: Cluster, pod: str, restored_before: int) -> None:
+        self.cluster, self.pod, self.before = cluster, pod, restored_before
+        self.last_source = 0.0
+        self.first_target = 0.0
+        self.answers: list[int] = []
+
+    async def run(self) -> None:
+        while not self.first_target:
+            try:
+                status, body = await pod_state(self.cluster.api, self.pod)
+            except Exception:  # noqa: BLE001 - the pod is between nodes; ask again
+                status, body = 0, None
+            now = time.monotonic()
+            if status == 200 and body is not None:
+                if body["restored_calls"] == self.before:
+                    self.last_source = now
+                else:
+                    self.first_target = now
+            else:
+                await asyncio.sleep(0.001)
+
+
+async def move(cluster: Cluster, pod: str, target: str | None, *, poll: bool = True,
+               sampler_pids: list[int] | None = None) -> Obj:
+    """One Move Checkpoint, followed to the end; returns its figures."""
+    api = cluster.api
+    before = (await pod_state(api, pod))[1] or {}
+    poller = Poller(cluster, pod, before.get("restored_calls", 0))
+    task = asyncio.create_task(poller.run()) if poll else None
+    await asyncio.sleep(0.02 if poll else 0)
+    spec: Obj = {"podName": pod, "action": "Move"}
+    if target:
+        spec["target"] = {"nodeName": target}
+    name = f"{pod[:40]}-move-{secrets.token_hex(3)}"
+    sampler = RssSampler(sampler_pids or [])
+    started = time.monotonic()
+    with sampler:
+        await api.create(CHECKPOINTS, {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+                                       "metadata": {"name": name}, "spec": spec}, "default")
+
+        async def finished() -> Obj | None:
+            ck = await api.get(CHECKPOINTS, name, "default")
+            return ck if (ck.get("status") or {}).get("phase") in ("Completed", "Failed") else None
+        ck = await cluster.wait(finished, 120, f"checkpoint {name}", interval=0.005)
+        done = time.monotonic()
+        if task is not None:
+            await asyncio.wait_for(task, 30)
+    st = ck["status"]
+    if st["phase"] != "Completed":
+        raise RuntimeError(f"move {name} failed: {st.get('message')}")
+    after = (await pod_state(api, pod))[1] or {}
+    if after.get("requests", 0) <= before.get("requests", 0):
+        raise RuntimeError(f"the pod {pod} lost its state in the move: {before} -> {after}")
+    await api.delete(CHECKPOINTS, name, "default")
+    return {"move_ms": st["moveMillis"], "client_ms": (poller.first_target - poller.last_source) * 1000 if poll else 0,
+            "wall_ms": (done - started) * 1000, "size": st.get("sizeBytes", 0), "peak": sampler.peak}
+
+
+async def grown_pod(cluster: Cluster, name: str, node: str, limit: str | None, kb: int) -> None:
+    await cluster.api.create(PODS, counter_pod(name, cluster.image, node, memory_limit=limit), "default")
+    await wait_ready(cluster, name)
+    if kb:
+        await alloc(cluster.api, name, kb)
+
+
+async def delete_pod(cluster: Cluster, name: str) -> None:
+    try:
+        await cluster.api.delete(PODS, name, "default", grace_period=0)
+    except ApiError:
+        pass
+    await cluster.wait(lambda: _gone(cluster, name), 60, f"pod {name} gone", interval=0.05)
+
+
+async def _gone(cluster: Cluster, name: str) -> bool:
+    return await cluster.api.try_get(PODS, name, "default") is None
+
+
+# --- 1 + 3 (control plane) ------------------------------------------------------------
+
+async def move_latency(cluster: Cluster, runs: int) -> tuple[list[Obj], Obj]:
+    rows = []
+    cp_extra: list[float] = []
+    for label, size, limit, kb in SIZES:
+        pod = f"m{label.split()[0]}"
+        await grown_pod(cluster, pod, "sim-1", limit, kb)
+        figures = []
+        nodes = ["sim-2", "sim-1"]
+        for i in range(runs):
+            cp = cluster.pid("control-plane")
+            before = rss_bytes(cp)
+            f = await move(cluster, pod, nodes[i % 2], sampler_pids=[cp] if size >= 64 * MiB else None)
+            if size >= 64 * MiB:
+                cp_extra.append(f["peak"][cp] - before)
+            figures.append(f)
+        raw = [rawhops.transfer_seconds(figures[0]["size"], 2) * 1000 for _ in range(runs)]
+        rows.append({"label": label, "size": figures[0]["size"],
+                     "move_ms": med([f["move_ms"] for f in figures]),
+                     "client_ms": med([f["client_ms"] for f in figures]),
+                     "wall_ms": med([f["wall_ms"] for f in figures]), "raw_ms": med(raw),
+                     "last_node": nodes[(runs - 1) % 2]})
+        if size < 64 * MiB:
+            await delete_pod(cluster, pod)
+    return rows, {"cp_extra": med(cp_extra) if cp_extra else 0.0}
+
+
+# --- 2 -----------------------------------------------------------------------------------
+
+async def snapshot_stream(cluster: Cluster, pod: str, node: str, runs: int) -> Obj:
+    rates, size = [], 0
+    for _ in range(runs):
+        started = time.monotonic()
+        async with cluster.api.request(
+                "POST", f"/api/v1/nodes/{node}/proxy/checkpoint/default/{pod}/main?leave=running") as r:
+            if r.status != 200:
+                raise RuntimeError(f"checkpoint of {pod}: {r.status} {await r.text()}")
+            size = 0
+            async for chunk in r.content.iter_chunked(1 << 20):
+                size += len(chunk)
+        rates.append(size / (time.monotonic() - started))
+    raw = [size / rawhops.transfer_seconds(size, 1) for _ in range(runs)]
+    return {"size": size, "rate": med(rates), "raw": med(raw)}
+
+
+# --- 3 (worker) ----------------------------------------------------------------------------
+
+async def restore_memory(cluster: Cluster, pod: str) -> Obj:
+    await cluster.add_worker("fresh")
+    await asyncio.sleep(1)
+    idle_f = rss_bytes(cluster.pid("fresh"))
+    await grown_pod(cluster, "freshpod", "fresh", None, 0)
+    await asyncio.sleep(0.5)
+    started = rss_bytes(cluster.pid("fresh"))
+    await alloc(cluster.api, "freshpod", 65472)
+    grown = rss_bytes(cluster.pid("fresh"))
+    await delete_pod(cluster, "freshpod")
+    await cluster.stop_worker("fresh")
+
+    await cluster.add_worker("target")
+    await asyncio.sleep(1)
+    pid = cluster.pid("target")
+    idle_t = rss_bytes(pid)
+    f = await move(cluster, pod, "target", poll=False)
+    peak = rss_bytes(pid, "VmHWM")
+    after = rss_bytes(pid)
+    await delete_pod(cluster, pod)
+    await cluster.stop_worker("target")
+    return {"fresh_start": started - idle_f, "fresh_grown": grown - idle_f, "restore_peak": peak - idle_t,
+            "restore_after": after - idle_t, "size": f["size"]}
+
+
+# --- 4 -------------------------------------------------------------------------------------
+
+async def move_vs_restart(cluster: Cluster, runs: int) -> Obj:
+    api = cluster.api
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "dep"},
+           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "dep"}},
+                    "template": {"metadata": {"labels": {"app": "dep"}},
+                                 "spec": {"containers": [{"name": "main", "image": cluster.image}]}}}}
+    await api.create(DEPLOYMENTS, dep, "default")
+
+    async def ready_pod(exclude: str | None = None, uid_not: str | None = None) -> Obj | None:
+        items, _ = await api.list(PODS, "default", label_selector="app=dep")
+        for p in items:
+            if p["metadata"].get("deletionTimestamp") or p["metadata"]["name"] == exclude \
+                    or p["metadata"]["uid"] == uid_not:
+                continue
+            if pod_ready(p):
+                return p
+        return None
+    moves, restarts = [], []
+    for _ in range(runs):
+        pod = await cluster.wait(ready_pod, 60, "the Deployment's pod Ready", interval=0.05)
+        name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+        await pod_state(api, name)
+        started = time.monotonic()
+        ck = f"{name[:40]}-move-{secrets.token_hex(3)}"
+        await api.create(CHECKPOINTS, {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+                                       "metadata": {"name": ck}, "spec": {"podName": name, "action": "Move"}},
+                         "default")
+        await cluster.wait(lambda: ready_pod(uid_not=uid), 60, "the moved pod Ready", interval=0.005)
+        moves.append((time.monotonic() - started) * 1000)
+        restored = (await pod_state(api, name))[1] or {}
+        if restored.get("restored_calls") != 1:
+            raise RuntimeError(f"the moved pod did not restore: {restored}")
+
+        pod = await cluster.wait(ready_pod, 60, "the Deployment's pod Ready", interval=0.05)
+        name = pod["metadata"]["name"]
+        started = time.monotonic()
+        await api.delete(PODS, name, "default")
+        await cluster.wait(lambda: ready_pod(exclude=name), 60, "the new pod Ready", interval=0.005)
+        restarts.append((time.monotonic() - started) * 1000)
+    await api.delete(DEPLOYMENTS, "dep", "default")
+    await cluster.wait(lambda: _no_pods(cluster, "app=dep"), 60, "the Deployment's pods gone", interval=0.1)
+    return {"move_ms": med(moves), "restart_ms": med(restarts)}
+
+
+async def _no_pods(cluster: Cluster, selector: str) -> bool:
+    items, _ = await cluster.api.list(PODS, "default", label_selector=selector)
+    return not items
+
+
+# --- 5 -------------------------------------------------------------------------------------
+
+async def drain(cluster: Cluster, count: int) -> Obj:
+    api = cluster.api
+    names = [f"d{i:03}" for i in range(count)]
+    sem = asyncio.Semaphore(8)
+
+    async def create(n: str) -> None:
+        async with sem:
+            await api.create(PODS, counter_pod(n, cluster.image, "sim-1", labels={"app": "drain"}), "default")
+    await asyncio.gather(*(create(n) for n in names))
+
+    async def all_ready() -> bool:
+        items, _ = await api.list(PODS, "default", label_selector="app=drain")
+        return sum(pod_ready(p) for p in items) == count
+    await cluster.wait(all_ready, 120, f"{count} pods Ready", interval=0.2)
+
+    async def ask(n: str) -> Obj:
+        async with sem:
+            status, body = await pod_state(api, n)
+            if status != 200 or body is None:
+                raise RuntimeError(f"pod {n} answered {status}")
+            return body
+    before = dict(zip(names, await asyncio.gather(*(ask(n) for n in names))))
+    started = time.monotonic()
+    out = await cluster.kubectl("drain", "sim-1", "--ignore-daemonsets", "--force", "--timeout=300s", timeout=320)
+    seconds = time.monotonic() - started
+    if "drained" not in out:
+        raise RuntimeError(f"kubectl drain: {out}")
+    after = dict(zip(names, await asyncio.gather(*(ask(n) for n in names), return_exceptions=True)))
+    kept = sum(1 for n in names if isinstance(after[n], dict)
+               and after[n]["requests"] == before[n]["requests"] + 1 and after[n]["restored_calls"] == 1)
+    items, _ = await api.list(PODS, "default", label_selector="app=drain")
+    moved = sum(1 for p in items if p["spec"].get("nodeName") not in (None, "sim-1"))
+    await cluster.kubectl("uncordon", "sim-1")
+    await cluster.kubectl("delete", "pods", "-l", "app=drain", "--wait=false")
+    return {"seconds": seconds, "count": count, "kept": kept, "moved": moved}
+
+
+# --- report --------------------------------------------------------------------------------
+
+def section(rows: list[Obj], cp: Obj, stream: Obj, mem: Obj, mvr: Obj, dr: Obj, runs: int) -> str:
+    out = [f"## Moves (bench_moves, {runs} runs each, medians)\n",
+           "### 1. Move latency by pod size\n",
+           "Freeze to Running is the Checkpoint's `status.moveMillis` (the Moved event's figure); the "
+           "client's gap is the last answer from the source to the first from the target, as a client "
+           "polling the pod through the API server sees it; the baseline is the raw store-and-forward "
+           "transfer of the snapshot's bytes over the same two loopback hops (source -> control plane -> "
+           "target), measured in the same run.\n"]
+    rws = []
+    for r in rows:
+        target = ""
+        if r["label"] == "32 KiB":
+            target = f"<= 50 ms: {report.verdict(r['move_ms'] <= 50)}"
+        elif r["label"] == "64 MiB":
+            target = f"<= 2x raw: {report.verdict(r['move_ms'] <= 2 * r['raw_ms'])}"
+        rws.append([r["label"], f"{r['size']:,}", f"{r['move_ms']:.0f}", f"{r['client_ms']:.0f}",
+                    f"{r['wall_ms']:.0f}", f"{r['raw_ms']:.1f}", f"{r['move_ms'] / r['raw_ms']:.1f}x", target])
+    out.append(report.table(["pod", "snapshot bytes", "freeze->Running ms", "client gap ms",
+                             "request->Completed ms", "raw 2-hop ms", "move / raw", "target"], rws))
+    ratio = stream["rate"] / stream["raw"]
+    out += ["### 2. Snapshot streaming\n",
+            f"`POST /checkpoint?leave=running` of the 64 MiB pod through the API server's node proxy, read to "
+            f"the end ({stream['size']:,} bytes), against one raw loopback sendall of the same bytes.\n",
+            report.table(["", "MiB/s", "ratio", "target"], [
+                ["POST /checkpoint (kubelet -> proxy -> client)", f"{stream['rate'] / MiB:.0f}", f"{ratio:.2f}",
+                 f">= 0.70: {report.verdict(ratio >= 0.7)}"],
+                ["raw sendall, 1 hop", f"{stream['raw'] / MiB:.0f}", "1.00", ""]])]
+    limit = mem["fresh_start"] + mem["size"] + 2 * MiB
+    out += ["### 3. Memory\n",
+            "RSS growth of a fresh worker over its idle RSS, and of the control plane over its RSS before "
+            "the move (VmRSS sampled every 2 ms during the 64 MiB moves).\n",
+            report.table(["", "MiB", "target"], [
+                ["worker: the counter started fresh (1 page)", f"{mem['fresh_start'] / MiB:.1f}", ""],
+                ["worker: the counter started fresh, grown to 64 MiB", f"{mem['fresh_grown'] / MiB:.1f}", ""],
+                ["worker: peak while restoring the 64 MiB pod (VmHWM)", f"{mem['restore_peak'] / MiB:.1f}",
+                 f"<= fresh + memory + 2 MiB = {limit / MiB:.1f}: {report.verdict(mem['restore_peak'] <= limit)}"],
+                ["worker: after the restore", f"{mem['restore_after'] / MiB:.1f}", ""],
+                ["control plane: peak during a 64 MiB move", f"{cp['cp_extra'] / MiB:.1f}",
+                 f"one copy of the data = {mem['size'] / MiB:.1f}"]])]
+    out += ["### 4. Move vs restart (a Deployment's pod)\n",
+            report.table(["", "ms to Ready", "ratio", "target"], [
+                ["move (Checkpoint created -> moved pod Ready)", f"{mvr['move_ms']:.0f}",
+                 f"{mvr['move_ms'] / mvr['restart_ms']:.2f}",
+                 f"never slower than a restart: {report.verdict(mvr['move_ms'] <= mvr['restart_ms'])}"],
+                ["restart (pod deleted -> new pod Ready)", f"{mvr['restart_ms']:.0f}", "1.00", ""]])]
+    ok = dr["seconds"] <= 10 and dr["kept"] == dr["count"]
+    out += ["### 5. Drain\n",
+            report.table(["pods", "kubectl drain s", "moved off the node", "kept their state", "target"], [
+                [str(dr["count"]), f"{dr['seconds']:.1f}", str(dr["moved"]), str(dr["kept"]),
+                 f"<= 10 s, nothing lost: {report.verdict(ok)}"]])]
+    return "\n".join(out)
+
+
+async def run(runs: int, drain_pods: int) -> str:
+    async with Cluster(workers=2) as cluster:
+        rows, cp = await move_latency(cluster, runs)
+        print("  move latency:", [(r["label"], r["move_ms"], round(r["client_ms"]), round(r["raw_ms"], 1))
+                                  for r in rows], flush=True)
+        big, node = "m64", rows[-1]["last_node"]
+        stream = await snapshot_stream(cluster, big, node, runs)
+        print(f"  stream: {stream['rate'] / MiB:.0f} MiB/s vs raw {stream['raw'] / MiB:.0f} MiB/s", flush=True)
+        mem = await restore_memory(cluster, big)
+        print(f"  memory: { {k: round(v / MiB, 1) for k, v in mem.items()} } MiB", flush=True)
+        mvr = await move_vs_restart(cluster, runs)
+        print(f"  move vs restart: {mvr}", flush=True)
+        dr = await drain(cluster, drain_pods)
+        print(f"  drain: {dr}", flush=True)
+    return section(rows, cp, stream, mem, mvr, dr, runs)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_moves")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--drain-pods", type=int, default=100)
+    args = parser.parse_args(argv)
+    text = asyncio.run(run(args.runs, args.drain_pods))
+    report.add(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
