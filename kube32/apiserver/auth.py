@@ -42,6 +42,9 @@ import yaml
 PUBLIC_PATHS = frozenset({"/version", "/healthz", "/readyz", "/livez"})
 ADMIN = "kubernetes-admin"
 APISERVER = "system:kube-apiserver"
+# What the API server calls plain-HTTP kubelets as: a user with no permissions, so a
+# node that receives this token can do nothing with the API (kubelets accept it).
+KUBELET_CLIENT = "system:kube-apiserver-kubelet-client"
 BOOTSTRAP_GROUP = "system:bootstrappers:kube32"
 BOOTSTRAP_USER = "system:bootstrap:kube32"
 NODES_GROUP = "system:nodes"
@@ -179,6 +182,9 @@ def load_or_create_tokens(data_dir: Path) -> TokenAuthenticator:
             secrets.token_hex(24): {"username": APISERVER, "groups": ["system:masters"]},
             secrets.token_hex(24): {"username": BOOTSTRAP_USER, "groups": [BOOTSTRAP_GROUP]},
         }
+        _write_private(path, json.dumps(raw, indent=2))
+    if not any(u.get("username") == KUBELET_CLIENT for u in raw.values()):
+        raw[secrets.token_hex(24)] = {"username": KUBELET_CLIENT, "groups": []}
         _write_private(path, json.dumps(raw, indent=2))
     key_path = data_dir / "sa.key"
     if not key_path.exists():

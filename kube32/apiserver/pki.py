@@ -10,7 +10,9 @@ request for its own key (the key never leaves the node) and
 :func:`sign_node_csr` signs it for ``system:node:<name>`` with the CSR's IP
 addresses and DNS names as subject alternative names (server auth only).  The API
 server then verifies a kubelet's certificate with the CA
-(:func:`client_context`) before it sends its token there.
+(:func:`client_context`) and authenticates to it with a client certificate
+(:func:`issue_client_cert`, ``CN=system:kube-apiserver-kubelet-client``), so no
+bearer token of the control plane is ever handed to a node.
 """
 from __future__ import annotations
 
@@ -88,6 +90,30 @@ def issue_serving_cert(pki: Path, name: str, hosts: list[str]) -> tuple[Path, Pa
     return crt, key_path
 
 
+KUBELET_CLIENT_CN = "system:kube-apiserver-kubelet-client"
+
+
+def issue_client_cert(pki: Path, name: str, common_name: str) -> tuple[Path, Path]:
+    """A client certificate (``CN=common_name``) signed by the cluster CA: the API server
+    presents it to kubelets, which accept this CN only."""
+    ca_crt, ca_key_path = ensure_ca(pki)
+    crt, key_path = pki / f"{name}.crt", pki / f"{name}.key"
+    ca_cert = x509.load_pem_x509_certificate(ca_crt.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=825))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    _write(key_path, _key_pem(key), True)
+    _write(crt, cert.public_bytes(serialization.Encoding.PEM), False)
+    return crt, key_path
+
+
 def default_hosts(bind: str) -> list[str]:
     return [bind, "127.0.0.1", "localhost", socket.gethostname()]
 
@@ -98,8 +124,11 @@ def server_context(crt: Path, key: Path) -> ssl.SSLContext:
     return ctx
 
 
-def client_context(ca: Path) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=str(ca))
+def client_context(ca: Path, cert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if cert is not None:
+        ctx.load_cert_chain(*cert)
+    return ctx
 
 
 MAX_CSR_SANS = 16

@@ -5,7 +5,8 @@ A kubelet's endpoint is read from its Node (``status.addresses`` InternalIP and
 (no buffering of a snapshot or a followed log); the API server authenticates to
 the kubelet with its own token.  A pod's HTTP goes to the kubelet of its node at
 ``/pods/<ns>/<pod>/http/<path>``; a Service picks one Ready pod that matches
-its selector, round robin.
+its selector, round robin.  HTTPS kubelets are verified with the cluster CA and
+get the API server's client certificate instead of a token (``cert_auth``).
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ class KubeletProxy:
     def __init__(self, token: str, ssl: Any = None) -> None:
         self.token = token
         self.ssl = ssl
+        # With a client certificate in ``ssl``, HTTPS kubelets get no token: a node that
+        # receives the control plane's token could replay it to other kubelets.
+        self.cert_auth = False
         self._session: aiohttp.ClientSession | None = None
         self._rr = itertools.count()
 
@@ -59,7 +63,8 @@ class KubeletProxy:
     async def forward(self, request: web.Request, url: str, *, method: str | None = None,
                       extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        headers["Authorization"] = f"Bearer {self.token}"
+        if self.token and not (self.cert_auth and url.startswith("https:")):
+            headers["Authorization"] = f"Bearer {self.token}"
         headers.update(extra_headers or {})
         body = request.content if request.body_exists else None
         if request.content_length is not None:

@@ -33,12 +33,13 @@ from aiohttp import web
 
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
 from ..wasm import ChannelRegistry, Pod, Runtime
+from ..wasm.abi import MAX_HELD_EVENTS
 from . import node as nodeinfo
 from . import join as node_join
 from . import migration
 from .images import ImagePuller
 from .pods import PodWorker
-from .server import build_app
+from .server import build_app, server_ssl
 
 log = logging.getLogger("kube32.kubelet")
 
@@ -93,6 +94,7 @@ class Kubelet:
         self._background: set[asyncio.Task] = set()   # strong refs: the loop keeps only weak ones
         self._runner: web.AppRunner | None = None
         self._node_dirty = asyncio.Event()
+        self._drop_lock = asyncio.Lock()  # EventsDropped records, in order
         self._last_free: int | None = None
         self._transitions: dict[str, tuple[str, str]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -108,7 +110,8 @@ class Kubelet:
             creds = await node_join.join(self.client, o.node_name, [self.ip, o.host, "localhost"],
                                          serving_cert=not o.insecure_http)
             if creds.certificate:
-                ssl_ctx = node_join.server_context(creds, o.data_dir if o.data_dir and o.data_dir.is_dir() else None)
+                ssl_ctx = server_ssl(node_join.server_context(
+                    creds, o.data_dir if o.data_dir and o.data_dir.is_dir() else None), creds.ca)
         self.scheme = "https" if ssl_ctx is not None else "http"
         self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -302,9 +305,24 @@ class Kubelet:
             if (inst is None or worker.namespace != ns or topic not in inst.config.topics
                     or source == f"pod/{worker.uid}"):
                 continue
+            dropped = inst.dropped_events
             inst.deliver_event(topic, payload)
+            if inst.dropped_events > dropped:
+                self._events_dropped(worker)
             n += 1
         return n
+
+    def _events_dropped(self, worker: Any) -> None:
+        """A frozen pod holds at most 8 events; each one dropped past that shows as the
+        pod's Warning event EventsDropped, whose count (``kubectl get events``,
+        ``kubectl describe pod``) is the number dropped."""
+        async def record() -> None:
+            async with self._drop_lock:  # one after another: each bumps the same Event's count
+                await self.events.record(
+                    worker.pod, "Warning", "EventsDropped",
+                    "An event arrived while the pod was frozen and was dropped: a frozen pod holds at most "
+                    f"{MAX_HELD_EVENTS} events (the count is the number dropped)")
+        self._spawn(record())
 
     async def _topic_loop(self) -> None:
         backoff = 0.1

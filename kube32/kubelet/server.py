@@ -1,11 +1,12 @@
 """The kubelet's endpoint: what the API server forwards to this node.
 
 TLS with the node's certificate from the cluster CA (see :mod:`.join`; plain
-HTTP only with ``--kubelet-insecure-http``).  Every request but
-``/healthz`` carries a bearer token, checked with the API server's TokenReview
-(positive answers cached for :data:`AUTH_CACHE_SECONDS`); only the API server's
-own identity (``system:kube-apiserver``) may call: 401 without a valid token,
-403 for anyone else.  Paths live in :data:`ROUTES` (the checkpoint and thaw
+HTTP only with ``--kubelet-insecure-http``).  Every request but ``/healthz``
+comes from the API server: either with its client certificate (signed by the
+cluster CA, ``CN=system:kube-apiserver-kubelet-client``) or with a bearer token
+that the API server's TokenReview says is ``system:kube-apiserver`` or
+``system:kube-apiserver-kubelet-client`` (positive answers cached for
+:data:`AUTH_CACHE_SECONDS`): 401 without a valid credential, 403 for anyone else.  Paths live in :data:`ROUTES` (the checkpoint and thaw
 endpoints of the migration work plug in there):
 
 * ``/pods/<ns>/<pod>/http/<path>``: one request into the pod's ``k32_handle``;
@@ -19,6 +20,7 @@ endpoints of the migration work plug in there):
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 AUTH_CACHE_SECONDS = 60.0
 MAX_BODY = 16 << 20          # a request body for a pod; larger ones are refused with 413
 ALLOWED_USER = "system:kube-apiserver"
+# Who may call: the API server by its client certificate (CN) or by token (TokenReview).
+ALLOWED_USERS = frozenset({ALLOWED_USER, "system:kube-apiserver-kubelet-client"})
 PUBLIC = frozenset({"/healthz"})
 Handler = Callable[["Kubelet", web.Request], Awaitable[web.StreamResponse]]
 DROP_HEADERS = frozenset({"host", "authorization", "connection", "keep-alive", "transfer-encoding",
@@ -68,6 +72,31 @@ class TokenCheck:
         return name
 
 
+def _client_cn(request: web.Request) -> str | None:
+    """The common name of a client certificate the cluster CA signed (TLS verified it)."""
+    transport = request.transport
+    cert = transport.get_extra_info("peercert") if transport is not None else None
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
+async def _limited(request: web.Request, handler) -> web.StreamResponse:
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        return _text(413, f"the request body is {request.content_length} bytes, more than the "
+                          f"kubelet's limit of {MAX_BODY} bytes")
+    return await handler(request)
+
+
+def server_ssl(context: ssl.SSLContext, ca_pem: bytes) -> ssl.SSLContext:
+    """Ask for (not require) a client certificate signed by the cluster CA."""
+    context.load_verify_locations(cadata=ca_pem.decode())
+    context.verify_mode = ssl.CERT_OPTIONAL
+    return context
+
+
 def build_app(kubelet: "Kubelet") -> web.Application:
     check = TokenCheck(kubelet)
 
@@ -75,6 +104,11 @@ def build_app(kubelet: "Kubelet") -> web.Application:
     async def auth(request: web.Request, handler):
         if request.path in PUBLIC:
             return await handler(request)
+        cn = _client_cn(request)
+        if cn in ALLOWED_USERS:
+            return await _limited(request, handler)
+        if cn is not None:
+            return _text(403, f'Forbidden: "{cn}" may not use the kubelet API')
         header = request.headers.get("Authorization", "")
         if not header.lower().startswith("bearer ") or not header[7:].strip():
             return _text(401, "Unauthorized: a bearer token is required")
@@ -84,12 +118,9 @@ def build_app(kubelet: "Kubelet") -> web.Application:
             return _text(503, f"cannot check the token with the API server: {e.message}")
         if user is None:
             return _text(401, "Unauthorized: the token is not valid")
-        if user != ALLOWED_USER:
+        if user not in ALLOWED_USERS:
             return _text(403, f'Forbidden: user "{user}" may not use the kubelet API')
-        if request.content_length is not None and request.content_length > MAX_BODY:
-            return _text(413, f"the request body is {request.content_length} bytes, more than the "
-                              f"kubelet's limit of {MAX_BODY} bytes")
-        return await handler(request)
+        return await _limited(request, handler)
 
     app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
     for method, path, handler in ROUTES:

@@ -17,7 +17,8 @@ from pathlib import Path
 from aiohttp import web
 
 from ..apiserver import pki, podreplacement
-from ..apiserver.auth import APISERVER, BOOTSTRAP_USER, load_or_create_tokens, read_token_file, write_kubeconfigs
+from ..apiserver.auth import (APISERVER, BOOTSTRAP_USER, KUBELET_CLIENT, load_or_create_tokens,
+                              read_token_file, write_kubeconfigs)
 from ..apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataAPI, CheckpointDataSpace
 from ..apiserver.server import APIServer
 from ..client import Client
@@ -64,9 +65,13 @@ class ControlPlane:
         # certificates, and the API server verifies them before sending its token.
         pki_dir = self.opts.data_dir / "pki"
         ca_crt, _ = pki.ensure_ca(pki_dir)
-        self.server = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER),
-                                 kubelet_ssl=pki.client_context(ca_crt),
+        # Kubelets: HTTPS ones get a client certificate; plain-HTTP ones a token of a
+        # user with no API permissions.  No node ever sees a token of system:masters.
+        client_cert = pki.issue_client_cert(pki_dir, "apiserver-kubelet-client", pki.KUBELET_CLIENT_CN)
+        self.server = APIServer(self.store, auth, kubelet_token=auth.token_for(KUBELET_CLIENT),
+                                 kubelet_ssl=pki.client_context(ca_crt, client_cert),
                                  images_dir=self.opts.data_dir / "images")
+        self.server.kubelets.cert_auth = True
         self.server.pki_dir = pki_dir
         await self.server.ensure_defaults()
         CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))

@@ -235,6 +235,21 @@ def test_kubelet_checkpoint_answers_only_the_control_plane(cluster: Cluster) -> 
     with pytest.raises((urllib.error.URLError, ConnectionError, http_client_errors())):
         urllib.request.urlopen(urllib.request.Request(url.replace("https", "http"), data=b"", method="POST"),
                                timeout=10)
+    # Client certificates: only the API server's CN passes; another CA-signed name is refused.
+    from kube32.apiserver import pki
+    pki_dir = cluster.cp.data_dir / "pki"
+    other = pki.issue_serving_cert(pki_dir, "test-other", ["127.0.0.1"])   # CN=test-other
+    own = (pki_dir / "apiserver-kubelet-client.crt", pki_dir / "apiserver-kubelet-client.key")
+    for cert, want in ((other, 403), (own, 404)):
+        ctx = ssl.create_default_context(cafile=str(pki_dir / "ca.crt"))
+        ctx.load_cert_chain(*cert)
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"{base}/containerLogs/{NS}/nope/main"),
+                                        context=ctx, timeout=10) as r:
+                code = r.status
+        except urllib.error.HTTPError as e:
+            code = e.code
+        assert code == want, cert
     # The control plane itself gets through (the pod is not running: 4xx/5xx from the kubelet, not 401/403).
     admin = cluster.token_of("kubernetes-admin")
     code, _ = cluster.call("POST", f"/api/v1/nodes/w1/proxy/checkpoint/{NS}/nope/main", admin)
