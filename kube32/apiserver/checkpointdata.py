@@ -19,6 +19,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,19 @@ from .resources import Resource
 
 if TYPE_CHECKING:
     from .server import APIServer, Target
+
+# Test-only fault (tests/e2e/test_faults.py): with KUBE32_TEST_FAULTS=corrupt-stored-data
+# in the control plane's environment, the data of a Checkpoint labelled
+# kube32.io/test-fault: corrupt-stored-data gets one byte flipped once it is stored and
+# checked, as damage in storage would.  Off unless both are given.
+TEST_FAULT_LABEL = "kube32.io/test-fault"
+CORRUPT_STORED = "corrupt-stored-data"
+
+
+def _corrupts(ck: dict[str, Any]) -> bool:
+    return (CORRUPT_STORED in os.environ.get("KUBE32_TEST_FAULTS", "").split(",")
+            and (ck["metadata"].get("labels") or {}).get(TEST_FAULT_LABEL) == CORRUPT_STORED)
+
 
 SIM_CAPACITY = 16 * 1024 * 1024
 BOARD_CAPACITY = 256 * 1024
@@ -148,6 +162,8 @@ class CheckpointDataAPI:
         except BaseException:
             self.space.release(size)
             raise
+        if _corrupts(ck):
+            data[0][len(data[0]) // 2] ^= 0xFF
         self.space.commit(uid, t.name, data[0])
         return web.json_response(out)
 

@@ -268,6 +268,11 @@ class NodeLifecycle(Controller):
             if deadline > now:
                 soonest = deadline if soonest is None else min(soonest, deadline)
                 continue
+            if self._moving(pod):
+                # A move's replacement on a lost target: deleting it would lose the pod's
+                # state.  The Checkpoint controller rolls it back to its source from the
+                # same Checkpoint within the rollback timeout.
+                continue
             self._evicting.add(md.get("uid", ""))
             try:
                 await self.recorder.record(pod, "Normal", "TaintManagerEviction",
@@ -277,6 +282,15 @@ class NodeLifecycle(Controller):
                 self._evicting.discard(md.get("uid", ""))
         if soonest is not None:
             self.queue.add_after(name, soonest - now + 0.05)
+
+    def _moving(self, pod: Obj) -> bool:
+        """Whether ``pod`` is the replacement a Moving Checkpoint waits for."""
+        md = pod["metadata"]
+        name = (md.get("annotations") or {}).get(movability.RESTORE_FROM)
+        ck = next((c for c in self.checkpoints.list() if name and c["metadata"]["name"] == name
+                   and c["metadata"].get("namespace") == md.get("namespace")), None)
+        st = (ck or {}).get("status") or {}
+        return st.get("phase") == "Moving" and st.get("newPodUID") == md.get("uid")
 
     async def _restore_elsewhere(self, pod: Obj, node: Obj) -> bool:
         """A pod with a Saved periodic checkpoint is replaced, in one write, by one that

@@ -43,10 +43,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kube32.kubelet.migration")
 
-# Faults a test can inject into a worker (``kube32-sim worker --fault NAME``):
+# Faults a test can inject into a worker (``kube32-sim worker --fault NAME``), for the
+# reliability suite (tests/e2e/test_faults.py); none is on unless named:
 # corrupt-restores flips one byte of every snapshot this node restores, as damage in
-# transfer would; the real checks must then refuse it.
-FAULTS = ("corrupt-restores",)
+# transfer would; the real checks must then refuse it.  truncate-restores ends the
+# download of every restore halfway.  hang-restores never finishes a restore (a target
+# that never starts the replacement).  slow-snapshots sends half of every snapshot taken
+# for a move (leave=frozen) and then waits 30 s before the rest (a window to kill the node or the control plane
+# mid-transfer).
+FAULTS = ("corrupt-restores", "truncate-restores", "hang-restores", "slow-snapshots")
+SLOW_SNAPSHOT_PAUSE = 30.0
 
 DEFAULT_TIMEOUT_MS = 10000
 MAX_TIMEOUT_MS = 60000
@@ -66,6 +72,39 @@ class _Corrupting:
             data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
         self.pos += len(data)
         return data
+
+
+class _Truncating:
+    """A stream that ends after ``limit`` bytes (fault injection)."""
+
+    def __init__(self, inner: Any, limit: int = 4096) -> None:
+        self.inner, self.left = inner, limit
+
+    async def read(self, n: int) -> bytes:
+        if self.left <= 0:
+            return b""
+        data = await self.inner.read(min(n, self.left))
+        self.left -= len(data)
+        return data
+
+
+def _slow_writer(write: Any, total: int) -> Any:
+    """``write`` that pauses once half of ``total`` bytes went out (fault injection)."""
+    sent = 0
+
+    async def slow(data: Any) -> None:
+        nonlocal sent
+        view = memoryview(data)
+        half = total // 2
+        if sent < half <= sent + len(view):
+            cut = half - sent
+            await write(view[:cut])
+            sent += cut
+            await asyncio.sleep(SLOW_SNAPSHOT_PAUSE)
+            view = view[cut:]
+        await write(view)
+        sent += len(view)
+    return slow
 
 
 class RestoreError(Exception):
@@ -162,7 +201,10 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
         # so it is computed once per freeze (cheap next to the send) and sent up front.
         resp.headers["X-Kube32-Snapshot-Sha256"] = await _trailer(worker, writer)
         await resp.prepare(request)
-        await writer.write_async(resp.write)
+        write = resp.write
+        if "slow-snapshots" in kl.options.faults and not thaw:
+            write = _slow_writer(write, writer.total_size)
+        await writer.write_async(write)
         await resp.write_eof()
         return resp
     except PodError as e:
@@ -234,7 +276,14 @@ async def restore(kl: "Kubelet", instance: Pod, namespace: str, checkpoint_name:
                                    "restart, or dropped to make room)")
             if r.status != 200:
                 raise RestoreError(f"the checkpoint's data could not be read: {r.status} {(await r.text())[:200]}")
-            stream = _Corrupting(r.content) if "corrupt-restores" in kl.options.faults else r.content
+            faults = kl.options.faults
+            if "hang-restores" in faults:
+                await asyncio.Event().wait()
+            stream = r.content
+            if "corrupt-restores" in faults:
+                stream = _Corrupting(stream)
+            if "truncate-restores" in faults:
+                stream = _Truncating(stream)
             snap = await reader.read_async(stream)
     except SnapshotError as e:
         raise RestoreError(str(e)) from None
