@@ -263,7 +263,8 @@ def admit(user: User, plural: str, namespace: str | None, obj: Any) -> None:
     node = node_name(attrs)
     if node is None or not isinstance(obj, dict):
         return
-    name = (obj.get("metadata") or {}).get("name", "")
+    md = obj.get("metadata")
+    name = md.get("name", "") if isinstance(md, dict) else ""
     if plural in ("nodes", "leases") and name != node:
         raise forbidden(Attributes(user.name, attrs.groups, "create", namespace or "", attrs.api_group,
                                    plural, name=name), f"node '{node}' cannot create a {plural[:-1]} "
@@ -457,15 +458,20 @@ def add_routes(router: web.UrlDispatcher, authorizer: Authorizer) -> None:
 
 
 # --- RBAC escalation prevention ------------------------------------------------------
+def _strs(value: Any) -> list[str]:
+    """The strings of a list field; anything malformed is left to validation (422)."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
 def _rule_attrs(user: str, groups: tuple[str, ...], rule: dict[str, Any], namespace: str) -> list[Attributes]:
     """Every (verb, group, resource, name) a rule grants, as request attributes."""
     out: list[Attributes] = []
-    verbs = [v for v in rule.get("verbs") or [] if isinstance(v, str)]
-    for url in rule.get("nonResourceURLs") or []:
+    verbs = _strs(rule.get("verbs"))
+    for url in _strs(rule.get("nonResourceURLs")):
         out += [Attributes(user, groups, v, path=str(url), resource_request=False) for v in verbs]
-    names = [n for n in rule.get("resourceNames") or [] if isinstance(n, str)] or [""]
-    for g in rule.get("apiGroups") or []:
-        for r in rule.get("resources") or []:
+    names = _strs(rule.get("resourceNames")) or [""]
+    for g in _strs(rule.get("apiGroups")):
+        for r in _strs(rule.get("resources")):
             res, _, sub = str(r).partition("/")
             out += [Attributes(user, groups, v, namespace, str(g), res, sub, n) for v in verbs for n in names]
     return out
@@ -473,7 +479,7 @@ def _rule_attrs(user: str, groups: tuple[str, ...], rule: dict[str, Any], namesp
 
 def _rule_text(rule: dict[str, Any]) -> str:
     def q(key: str) -> str:
-        return "[" + " ".join(f'"{v}"' for v in rule.get(key) or []) + "]"
+        return "[" + " ".join(f'"{v}"' for v in _strs(rule.get(key))) + "]"
     if rule.get("nonResourceURLs"):
         return f"{{NonResourceURLs:{q('nonResourceURLs')}, Verbs:{q('verbs')}}}"
     names = f", ResourceNames:{q('resourceNames')}" if rule.get("resourceNames") else ""
@@ -488,8 +494,11 @@ async def check_escalation(authorizer: Authorizer, user: User, plural: str, name
     if MASTERS in groups or not isinstance(obj, dict):
         return
     from .rbac import GROUP
-    ns = namespace or ""
-    name = str((obj.get("metadata") or {}).get("name", ""))
+    ns = namespace if isinstance(namespace, str) else ""
+    md = obj.get("metadata")
+    name = str(md.get("name", "")) if isinstance(md, dict) else ""
+    if not ns and plural in ("roles", "rolebindings") and isinstance(md, dict):
+        ns = str(md.get("namespace") or "")    # created through the cluster-wide URL
     if plural in ("roles", "clusterroles"):
         special = Attributes(user.name, groups, "escalate", ns, GROUP, plural, "", name)
         rules = obj.get("rules") or []
@@ -501,7 +510,7 @@ async def check_escalation(authorizer: Authorizer, user: User, plural: str, name
         from .resources import by_plural
         role = await authorizer.rbac.registry.try_get(by_plural(role_plural),
                                                       ns if role_plural == "roles" else None,
-                                                      str(ref.get("name", "")))
+                                                      str(ref.get("name", ""))) if ref.get("name") else None
         rules = (role or {}).get("rules") or []
     else:
         return

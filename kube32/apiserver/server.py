@@ -338,9 +338,7 @@ class APIServer:
                 raise errors.bad_request("the namespace of the object must be given")
         authz.admit(request["user"], t.res.plural, t.namespace, obj)
         if t.res.group == rbac.GROUP:
-            await authz.check_escalation(self.authorizer, request["user"], t.res.plural,
-                                         t.namespace or meta.namespace_of(obj) if isinstance(obj, dict) else None,
-                                         obj)
+            await authz.check_escalation(self.authorizer, request["user"], t.res.plural, t.namespace, obj)
         out = await self.registry.create(t.res, t.namespace, obj, dry_run=_dry_run(request))
         return self._render_one(request, t.res, out, 201, warnings)
 

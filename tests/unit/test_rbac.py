@@ -200,3 +200,23 @@ async def test_no_escalation_through_roles_and_bindings(registry) -> None:
                                      binding("cluster-admin"))
     finally:
         await store.close()
+
+
+@in_loop
+async def test_escalation_check_leaves_malformed_bodies_to_validation(registry) -> None:
+    from kube32.apiserver import authz
+    from kube32.apiserver.auth import User
+    store, reg = await registry()
+    try:
+        chain = authz.Authorizer(reg)
+        for plural in ("roles", "clusterroles", "rolebindings", "clusterrolebindings"):
+            for body in ({"metadata": "x", "rules": True}, {"rules": [True, {"verbs": True, "resources": 3}]},
+                         {"roleRef": "x"}, {"roleRef": {"kind": 1, "name": ["a"]}}, [], "text", None):
+                try:
+                    await authz.check_escalation(chain, User("eve"), plural, "default", body)
+                except APIError as e:
+                    assert e.code == 403
+            with pytest.raises(APIError, match="cannot create a node named ''"):
+                authz.admit(User("system:node:a", ("system:nodes",)), "nodes", None, {"metadata": 7})
+    finally:
+        await store.close()
