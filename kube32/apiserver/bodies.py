@@ -69,7 +69,12 @@ def check_fields(res: Resource, obj: Any, validation: str, *, status_only: bool 
     """Strict: 400 on unknown fields.  Warn: return warnings.  Ignore: nothing."""
     if not isinstance(obj, dict) or validation == "Ignore":
         return []
-    unknown = res.strategy.unknown_fields(obj)
+    try:
+        unknown = res.strategy.unknown_fields(obj)
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as e:
+        # A field of the wrong shape (a list where an object goes...): the client's error.
+        raise errors.bad_request(f'{res.kind} in version "{res.version}" cannot be handled as a '
+                                 f'{res.kind}: a field has the wrong type or shape ({e})') from None
     if not unknown:
         return []
     if validation == "Strict":

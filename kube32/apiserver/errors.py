@@ -115,8 +115,9 @@ def too_many_requests(message: str, retry_after: int | None = None) -> APIError:
     return err
 
 
-def service_unavailable(message: str) -> APIError:
-    return APIError(503, "ServiceUnavailable", message)
+def service_unavailable(message: str, retry_after: int | None = None) -> APIError:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return APIError(503, "ServiceUnavailable", message, headers=headers)
 
 
 def internal(message: str) -> APIError:

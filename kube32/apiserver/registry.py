@@ -315,6 +315,9 @@ class Registry:
                 return await self._apply_create(res, ns, name, body, manager, force, dry_run), True
             current = decode(kv)
             new = self._patched(res, current, patch_type, body, manager, force)
+            if not isinstance(new, dict) or not isinstance(new.get("metadata", {}), dict):
+                raise errors.bad_request(f"the patched {res.kind} is not an object with an object "
+                                         "metadata: the patch replaces one with another type")
             wanted_rv = (new.get("metadata") or {}).get("resourceVersion")
             if wanted_rv and str(wanted_rv) != current["metadata"]["resourceVersion"]:
                 raise errors.conflict(res.plural, name, res.group)

@@ -519,7 +519,9 @@ class APIServer:
         pods, _ = await self.registry.list(by_plural("pods"), ns, labels)
         ready = ready_pods(pods)
         if not ready:
-            raise errors.service_unavailable(f'no endpoints available for service "{name}"')
+            # Often brief (a pod between nodes in a move, or starting): ask to retry, as a
+            # frozen pod does.
+            raise errors.service_unavailable(f'no endpoints available for service "{name}"', retry_after=1)
         return ready[self.kubelets.pick(len(ready))]
 
     async def pod_log(self, request: web.Request, t: Target) -> web.StreamResponse:

@@ -247,22 +247,26 @@ def test_module_replaced_at_the_same_url_is_refused(cluster, image, tmp_path: Pa
 
 
 # --- the source fails --------------------------------------------------------------------------
-def test_call_outlasting_the_freeze_timeout_fails_the_move_and_the_pod_keeps_answering(cluster, image) -> None:
+def test_a_long_call_delays_the_move_and_is_answered(cluster, image) -> None:
+    """The freeze waits for the current call (here 6 s, under the 10 s freeze timeout);
+    the call is answered and the move then completes with the state.  A call past the
+    freeze timeout gets 504 from the node and the pod keeps running: that is
+    tests/e2e/test_moves.py::test_checkpoint_endpoint_refusals_leave_the_pod_running
+    (timeoutMs=300); through the controller the pod's own 10 s call timeout ends such a
+    call first (docs/reliability.md)."""
     before = serve_pod(cluster, "long", "sim-1", image)
     results: list[int] = []
     worker = threading.Thread(target=lambda: results.append(
-        api_call(cluster, "POST", "/api/v1/namespaces/default/pods/long/proxy/work?ms=11000")[0]))
+        api_call(cluster, "POST", "/api/v1/namespaces/default/pods/long/proxy/work?ms=6000")[0]))
     worker.start()
     time.sleep(0.5)
     out = cli(cluster, "move", "long", "--to", "sim-2")
     worker.join()
-    assert out.returncode == 1 and "call k32_handle still running after 10000 ms" in out.stdout.decode()
-    ck = the_checkpoint(cluster, "long", "Failed")
-    assert ck["status"]["blockers"] == ["call k32_handle still running after 10000 ms"]
+    assert out.returncode == 0, out.stdout.decode()
     assert results == [200]
     after = state(cluster, "long")
-    assert after["requests"] == before["requests"] + 2 and after["restored_calls"] == 0
-    assert get_json(cluster, "pod", "long")["spec"]["nodeName"] == "sim-1"
+    assert after["requests"] == before["requests"] + 2 and after["restored_calls"] == 1
+    assert get_json(cluster, "pod", "long")["spec"]["nodeName"] == "sim-2"
     cluster.kubectl("delete", "pod", "long", "--wait=false")
 
 
@@ -366,16 +370,22 @@ def test_control_plane_restarted_while_moving_loses_the_data_and_the_pod_starts_
     assert status == 404, "a control plane restart loses checkpoint data"
     # Rolled back to the source, whose restore from the Checkpoint without data fails:
     # the pod starts afresh, one pod all along.
+    # (The failed pod is replaced afresh under its name, or, as here when the ReplicaSet
+    # sees it Failed first, by a new pod of the Deployment.)
     failed = the_checkpoint(cluster, name, "Failed", 30)
     assert "rolled back to sim-1" in failed["status"]["message"]
-    fresh = wait_for(lambda: (s := state(cluster, name)) and s["init_calls"] == 1 and s["restored_calls"] == 0
-                     and s, 40, what="the pod to start afresh")
-    assert fresh["requests"] == 1
-    restore_errors = events_of(cluster, name, "RestoreError")
+    restore_errors = wait_for(lambda: events_of(cluster, name, "RestoreError"), 30, what="the RestoreError")
     assert any("has no data (lost with a control plane restart" in e["message"] for e in restore_errors)
-    pods = get_json(cluster, "pods", "-l", "app=amid")["items"]
-    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-    assert pods[0]["status"]["containerStatuses"][0]["ready"], "no pod left frozen"
+
+    def one_fresh_pod() -> dict | None:
+        pods = [p for p in get_json(cluster, "pods", "-l", "app=amid")["items"]
+                if not p["metadata"].get("deletionTimestamp")]
+        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+        cs = (pods[0].get("status") or {}).get("containerStatuses") or [{}]
+        return pods[0] if cs[0].get("ready") else None
+    pod = wait_for(one_fresh_pod, 40, what="one fresh pod, ready (none frozen)")
+    fresh = state(cluster, pod["metadata"]["name"])
+    assert fresh["init_calls"] == 1 and fresh["restored_calls"] == 0 and fresh["requests"] == 1
     cluster.kubectl("delete", "deployment", "amid")
 
 
@@ -433,7 +443,8 @@ def test_truncated_uploads_store_nothing(cluster, image) -> None:
         "apiVersion": "kube32.io/v1", "kind": "Checkpoint", "metadata": {"name": "up-manual"},
         "spec": {"podName": "up-nowhere"}}))  # no such pod: the controller fails it, the data stays ours
     code, text = _put(cluster, "up-manual", snap[:-100], len(snap) - 100)
-    assert code == 422 and "the snapshot ends before its trailer (truncated)" in json.loads(text)["message"]
+    # The last bytes read as the trailer, which then does not match: refused all the same.
+    assert code == 422 and json.loads(text)["message"].startswith("the snapshot is not valid: "), text
     code, _ = _put(cluster, "up-manual", snap[: len(snap) // 2], len(snap))
     assert code != 200
     path = "/apis/kube32.io/v1/namespaces/default/checkpoints/up-manual/data"

@@ -1,0 +1,114 @@
+"""Load and soak, bounded in time and on loopback (spec: "Moves", "Limits"):
+
+* the counter pod moved back and forth while a client sends requests through its
+  Service: its request count continues exactly (every 200 the client got is one
+  request the pod counted, none lost, none repeated), and the client gets nothing but
+  200, or 503 with Retry-After.  KUBE32_SOAK_MOVES sets the number of moves (20 in the
+  default suite; 200 for the full soak, see docs/reliability.md).
+* ten moves requested at once: all complete, each pod with its state.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Iterator
+
+import pytest
+import yaml
+
+from kube32.client import Client
+from tests.conftest import ROOT, ControlPlane, start_cluster, wait_for
+from tests.e2e.helpers import cli, get_json, push
+from tests.e2e.test_moves import counter_pod, running, state
+
+COUNTER = ROOT / "examples" / "pods" / "counter.wasm"
+MOVES = int(os.environ.get("KUBE32_SOAK_MOVES", "20"))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    c = start_cluster(tmp_path_factory.mktemp("soak"), 2, "--backoff", "1")
+    try:
+        yield c
+    finally:
+        c.proc.stop(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def image(cluster: ControlPlane) -> str:
+    return push(cluster, COUNTER)
+
+
+class Client_:
+    """Sends GET / through the Service until stopped; counts what it got."""
+
+    def __init__(self, cluster: ControlPlane, service: str) -> None:
+        self.cluster, self.path = cluster, f"/api/v1/namespaces/default/services/{service}:80/proxy/"
+        self.ok = 0
+        self.other: list[tuple[int, str | None, str]] = []   # anything but 200 / 503+Retry-After
+        self.retries = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()))
+
+    async def _run(self) -> None:
+        async with Client.from_kubeconfig(self.cluster.kubeconfig) as c:
+            while not self.stop.is_set():
+                async with c.request("GET", self.path) as r:
+                    body = await r.text()
+                    if r.status == 200:
+                        self.ok += 1
+                    elif r.status == 503 and r.headers.get("Retry-After"):
+                        self.retries += 1
+                        await asyncio.sleep(0.05)
+                    else:
+                        self.other.append((r.status, r.headers.get("Retry-After"), body[:200]))
+
+
+def test_moves_back_and_forth_under_load_lose_no_request(cluster: ControlPlane, image: str) -> None:
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("soak", "sim-1", image))
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "soak"},
+        "spec": {"selector": {"app": "soak"}, "ports": [{"port": 80}]}}))
+    running(cluster, "soak")
+    start = state(cluster, "soak")["requests"]
+    load = Client_(cluster, "soak")
+    load.thread.start()
+    try:
+        for i in range(MOVES):
+            out = cli(cluster, "move", "soak", "--to", "sim-2" if i % 2 == 0 else "sim-1")
+            assert out.returncode == 0, f"move {i + 1}: {out.stdout.decode()}"
+    finally:
+        load.stop.set()
+        load.thread.join(30)
+    running(cluster, "soak")
+    end = state(cluster, "soak")
+    assert load.other == [], load.other[:5]
+    assert end["requests"] == start + load.ok + 1, (start, load.ok, end)
+    assert end["init_calls"] == 1 and end["restored_calls"] == MOVES
+    assert load.ok > MOVES, "the client was answered between the moves"
+    cluster.kubectl("delete", "pod", "soak", "--wait=false")
+    cluster.kubectl("delete", "service", "soak")
+
+
+def test_ten_moves_at_once_all_complete(cluster: ControlPlane, image: str) -> None:
+    names = [f"ten-{i}" for i in range(10)]
+    for n in names:
+        cluster.kubectl("apply", "-f", "-", input=counter_pod(n, "sim-1", image))
+    before = {n: (running(cluster, n), state(cluster, n))[1] for n in names}
+    cks = [{"apiVersion": "kube32.io/v1", "kind": "Checkpoint", "metadata": {"name": f"{n}-move"},
+            "spec": {"podName": n, "action": "Move", "target": {"nodeName": "sim-2"}}} for n in names]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(cks))
+
+    def phases() -> dict[str, str]:
+        return {c["metadata"]["name"]: c["status"].get("phase", "")
+                for c in get_json(cluster, "checkpoints")["items"] if c["metadata"]["name"].endswith("-move")}
+    done = wait_for(lambda: (p := phases()) and all(v in ("Completed", "Failed") for v in p.values())
+                    and len(p) == 10 and p, 120, interval=0.5, what="ten moves to finish")
+    assert set(done.values()) == {"Completed"}, done
+    for n in names:
+        pod = running(cluster, n)
+        assert pod["spec"]["nodeName"] == "sim-2"
+        after = state(cluster, n)
+        assert after["requests"] == before[n]["requests"] + 1 and after["restored_calls"] == 1
+    cluster.kubectl("delete", "pod", *names, "--wait=false")
