@@ -35,6 +35,7 @@ from typing import Any, Mapping
 from aiohttp import web
 
 from . import bodies, errors
+from .protobuf import fields as _proto_fields
 from .auth import User
 from .rbac import AUTHENTICATED, MASTERS, Attributes, RBACAuthorizer
 
@@ -300,42 +301,6 @@ def _review_response(kind: str, body: dict[str, Any], spec: dict[str, Any], allo
     md = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
     return json_response({"kind": kind, "apiVersion": "authorization.k8s.io/v1", "metadata": md,
                           "spec": spec, "status": status}, 201)
-
-
-def _proto_fields(data: bytes) -> dict[int, list[Any]]:
-    """Protobuf wire format: field number -> values (varints as int, length-delimited as bytes)."""
-    out: dict[int, list[Any]] = {}
-    i = 0
-
-    def varint() -> int:
-        nonlocal i
-        shift = value = 0
-        while True:
-            if i >= len(data) or shift > 63:
-                raise ValueError("truncated varint")
-            b = data[i]
-            i += 1
-            value |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                return value
-    while i < len(data):
-        key = varint()
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            val: Any = varint()
-        elif wire == 2:
-            n = varint()
-            if i + n > len(data):
-                raise ValueError("truncated field")
-            val, i = data[i:i + n], i + n
-        elif wire in (1, 5):
-            n = 8 if wire == 1 else 4
-            val, i = data[i:i + n], i + n
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-        out.setdefault(field, []).append(val)
-    return out
 
 
 def _proto_strings(data: bytes, names: dict[int, str]) -> dict[str, str]:

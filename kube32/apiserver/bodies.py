@@ -1,8 +1,10 @@
-"""Request bodies: size limits, JSON/YAML decoding, and strict field validation.
+"""Request bodies: size limits, JSON/YAML/Kubernetes-protobuf decoding, and strict field validation.
 
 A body that cannot be decoded, names a field twice or (under
 ``fieldValidation=Strict``) names a field the kind does not have is refused
-with a 400 that names the problem; nothing reaches the registry.
+with a 400 that names the problem; nothing reaches the registry.  A protobuf body
+(``k8s\x00`` + runtime.Unknown, see :mod:`.protobuf`) becomes the same JSON object the
+JSON path would give; a protobuf kind without a schema is a 415 that names the kind.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from . import errors
+from . import errors, protobuf
 from .resources import Resource
 
 MAX_BODY = 3 * 1024 * 1024  # as kube-apiserver's default for objects
@@ -47,9 +49,19 @@ def media_type(request: web.Request) -> str:
     return (request.headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
 
 
+def decode_protobuf(raw: bytes, what: str) -> dict[str, Any]:
+    """A Kubernetes protobuf body (kubectl's typed clients) as the JSON object it stands for."""
+    try:
+        return protobuf.decode_object(raw)
+    except protobuf.UnknownKind as e:
+        raise errors.APIError(415, "UnsupportedMediaType", f"{what}: {e}") from None
+    except protobuf.ProtobufError as e:
+        raise errors.bad_request(f"{what}: the protobuf body could not be decoded: {e}") from None
+
+
 def decode(raw: bytes, ctype: str, what: str) -> Any:
-    if raw.startswith(b"k8s\x00") or "protobuf" in ctype:
-        raise errors.unsupported_media_type(ctype)
+    if raw.startswith(protobuf.MAGIC) or "protobuf" in ctype:
+        return decode_protobuf(raw, what)
     if not raw.strip():
         raise errors.bad_request(f"{what}: the request body is empty")
     if "yaml" in ctype:

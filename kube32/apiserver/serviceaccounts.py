@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from . import bodies, errors
+from .protobuf import fields as _proto_fields
 from .auth import ServiceAccountRef, User
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ async def still_valid(server: "APIServer", user: User) -> bool:
 
 
 def _decode_protobuf(raw: bytes) -> dict[str, Any]:
-    from .authz import _proto_fields
     try:
         request = _proto_fields(_proto_fields(raw[4:])[2][-1])
         spec = _proto_fields(request.get(2, [b""])[-1])
