@@ -3,7 +3,7 @@
 * the counter pod moved back and forth while a client sends requests through its
   Service: its request count continues exactly (every 200 the client got is one
   request the pod counted, none lost, none repeated), and the client gets nothing but
-  200, or 503 with Retry-After.  KUBE32_SOAK_MOVES sets the number of moves (20 in the
+  200, or 503 with Retry-After.  KUBE32_SOAK_MOVES sets the number of moves (10 in the
   default suite; 200 for the full soak, see docs/reliability.md).
 * ten moves requested at once: all complete, each pod with its state.
 """
@@ -23,7 +23,7 @@ from tests.e2e.helpers import cli, get_json, push
 from tests.e2e.test_moves import counter_pod, running, state
 
 COUNTER = ROOT / "examples" / "pods" / "counter.wasm"
-MOVES = int(os.environ.get("KUBE32_SOAK_MOVES", "20"))
+MOVES = int(os.environ.get("KUBE32_SOAK_MOVES", "10"))
 
 
 @pytest.fixture(scope="module")
