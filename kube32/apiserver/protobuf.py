@@ -444,7 +444,9 @@ def decode_message(name: str, data: bytes, path: str = "", depth: int = 0) -> di
             key, val = _map_entry(kind[4:], wire, value, where, depth)
             out.setdefault(json_name, {})[key] = val
         elif kind.startswith("inline:"):
-            out.update(_scalar(kind, wire, value, where, depth))
+            inlined = _scalar(kind, wire, value, where, depth)
+            out.update(inlined)
+            keep.update(inlined)  # already judged by the inlined message's own presence rules
         else:
             pointer = kind.endswith("*") or kind.startswith("msg*:")
             base = kind.rstrip("*").replace("msg*:", "msg:")
