@@ -33,7 +33,7 @@ import aiohttp
 
 from kube32.client import NODES, PODS, Client
 
-from . import report
+from . import cluster, report
 from .cluster import Cluster
 
 PODS_N = 1000
@@ -189,7 +189,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_apiserver")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
-    text = asyncio.run(run(args.runs))
+    text = cluster.run(run(args.runs))
     report.add(text)
     print(text)
     return 0

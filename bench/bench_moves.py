@@ -32,7 +32,7 @@ from typing import Any
 
 from kube32.client import CHECKPOINTS, DEPLOYMENTS, PODS, ApiError
 
-from . import rawhops, report
+from . import cluster, rawhops, report
 from .cluster import (Cluster, RssSampler, alloc, counter_pod, pod_ready, pod_state, rss_bytes,
                       wait_ready)
 
@@ -369,7 +369,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--drain-pods", type=int, default=100)
     args = parser.parse_args(argv)
-    text = asyncio.run(run(args.runs, args.drain_pods))
+    text = cluster.run(run(args.runs, args.drain_pods))
     report.add(text)
     print(text)
     return 0

@@ -33,6 +33,19 @@ def sim(*args: str) -> list[str]:
     return [sys.executable, "-m", "kube32.sim.main", *args]
 
 
+def run(coro: Any) -> Any:
+    """asyncio.run, with SIGINT and SIGTERM cancelling the benchmark (so every
+    ``async with Cluster()`` stops its processes) even when the shell that started it
+    left SIGINT ignored, as a non-interactive shell does for background jobs."""
+    async def main() -> Any:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        return await coro
+    return asyncio.run(main())
+
+
 def rss_bytes(pid: int, field: str = "VmRSS") -> int:
     """VmRSS (now) or VmHWM (peak) of a process, from /proc."""
     with open(f"/proc/{pid}/status") as f:

@@ -6,6 +6,18 @@ wrong, nothing stored), sets ``status.sizeBytes``, ``snapshotSha256``, ``imageSh
 and ``podTimeMs`` from it and answers the Checkpoint.  ``GET`` answers the bytes, or
 404 while the Checkpoint has none.
 
+``PUT checkpoints/<name>/data?fromNode=<node>&pod=<pod>&container=<c>[&leave=running|
+frozen][&timeoutMs=<ms>]`` (no body) has the API server take the snapshot itself: it
+asks that node's kubelet ``POST /checkpoint/<ns>/<pod>/<c>`` (the caller needs
+``create nodes/proxy`` on the node, as through the node proxy, besides ``update
+checkpoints/data``) and streams the answer straight into the data, checked as above.
+The snapshot then crosses the control plane once (one TLS read, one hash, one copy)
+instead of proxy -> controller -> upload.  The answer carries the kubelet's
+``X-Kube32-*`` headers (``X-Kube32-Frozen-At-Ms`` among them).  A kubelet that refuses
+is answered as it answered, status and body, marked ``X-Kube32-From-Node: <node>``;
+an unreachable kubelet is 503 and a transfer that breaks is 502, both worded "the
+snapshot transfer from <node> failed: ...".
+
 Invariants:
 
 * Data lives outside the object store, in one space of ``capacity`` bytes (16 MiB in
@@ -24,10 +36,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
 
 from ..snapshot import SnapshotError, SnapshotReader
-from . import errors
+from . import authz, errors
+from .proxy import kubelet_base
 from .resources import Resource
 
 if TYPE_CHECKING:
@@ -132,8 +146,10 @@ class CheckpointDataAPI:
         await resp.write_eof()
         return resp
 
-    async def put(self, request: web.Request, t: "Target") -> web.Response:
+    async def put(self, request: web.Request, t: "Target") -> web.StreamResponse:
         assert t.name is not None
+        if request.query.get("fromNode"):
+            return await self._pull(request, t)
         ctype = (request.headers.get("Content-Type") or "").split(";")[0].strip()
         if ctype != "application/octet-stream":
             raise errors.unsupported_media_type(ctype or "<none>")
@@ -141,10 +157,15 @@ class CheckpointDataAPI:
         if size is None:
             raise errors.APIError(411, "LengthRequired", "checkpoint data needs a Content-Length")
         ck = await self.server.registry.get(t.res, t.namespace, t.name)
+        return web.json_response(await self._store(t, ck, size, request.content))
+
+    async def _store(self, t: "Target", ck: dict[str, Any], size: int, stream: Any) -> dict[str, Any]:
+        """Receive ``size`` bytes of ``stream`` as ``ck``'s data; returns the Checkpoint."""
+        assert t.name is not None
         uid = ck["metadata"]["uid"]
         self.space.reserve(uid, size)
         try:
-            data = await self._receive(request, size)
+            data = await self._receive(stream, size)
         except BaseException:
             self.space.release(size)
             raise
@@ -165,16 +186,58 @@ class CheckpointDataAPI:
         if _corrupts(ck):
             data[0][len(data[0]) // 2] ^= 0xFF
         self.space.commit(uid, t.name, data[0])
-        return web.json_response(out)
+        return out
+
+    async def _pull(self, request: web.Request, t: "Target") -> web.StreamResponse:
+        """The snapshot taken from the node by the API server itself (see the module doc)."""
+        assert t.name is not None and t.namespace is not None
+        q = request.query
+        node, pod, container = q.get("fromNode", ""), q.get("pod", ""), q.get("container", "")
+        if not pod or not container or any("/" in v for v in (node, pod, container)):
+            raise errors.bad_request("fromNode needs pod and container (names, without '/')")
+        path = f"checkpoint/{t.namespace}/{pod}/{container}"
+        attrs = authz.request_attributes(request["user"], "POST", f"/api/v1/nodes/{node}/proxy/{path}", {})
+        allowed, reason = await self.server.authorizer.authorize(attrs)
+        if not allowed:
+            raise authz.forbidden(attrs, reason)
+        ck = await self.server.registry.get(t.res, t.namespace, t.name)
+        params = {k: q[k] for k in ("leave", "timeoutMs") if k in q}
+        url = f"{kubelet_base(await self.server._node(node))}/{path}"
+        kubelets = self.server.kubelets
+        headers = {}
+        if kubelets.token and not (kubelets.cert_auth and url.startswith("https:")):
+            headers["Authorization"] = f"Bearer {kubelets.token}"
+        failed = f"the snapshot transfer from {node} failed"
+        try:
+            upstream = await kubelets.session.post(url, params=params, headers=headers, allow_redirects=False,
+                                                   timeout=aiohttp.ClientTimeout(total=None, sock_read=120))
+        except (aiohttp.ClientError, OSError) as e:
+            raise errors.service_unavailable(f"{failed}: error trying to reach the kubelet: {e}") from None
+        async with upstream:
+            passed = {k: v for k, v in upstream.headers.items() if k.lower().startswith("x-kube32-")}
+            if upstream.status != 200:
+                body = await upstream.read()
+                return web.Response(status=upstream.status, body=body, headers={
+                    **passed, "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                    "X-Kube32-From-Node": node})
+            if upstream.content_length is None:
+                raise errors.APIError(502, "BadGateway", f"{failed}: the node sent a snapshot without a "
+                                                         "Content-Length")
+            try:
+                out = await self._store(t, ck, upstream.content_length, upstream.content)
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                raise errors.APIError(502, "BadGateway", f"{failed}: {e or type(e).__name__}") from None
+        return web.json_response(out, headers=passed)
 
     @staticmethod
-    async def _receive(request: web.Request, size: int) -> tuple[bytearray, Any]:
+    async def _receive(stream: Any, size: int) -> tuple[bytearray, Any]:
         buf = bytearray(size)
         view = memoryview(buf)
         reader = SnapshotReader(total_size=size)
         pos = 0
         try:
-            async for chunk in request.content.iter_chunked(1 << 20):
+            # iter_any: each piece as it arrived, never joined into a bigger copy first.
+            async for chunk in stream.iter_any():
                 n = len(chunk)
                 if pos + n > size:
                     raise errors.bad_request("the body is longer than its Content-Length")

@@ -16,8 +16,8 @@ Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
   from the same Checkpoint; the Checkpoint turns ``Failed`` with the reason.
 * A failure before the replacement thaws the pod where it runs.
 
-Invariants: the control plane takes one snapshot at a time (one lock; others
-wait); every pod write names the uid it expects, so a pod replaced or deleted
+Invariants: the control plane takes one snapshot at a time (one lock around the
+snapshot's transfer; others wait); every pod write names the uid it expects, so a pod replaced or deleted
 meanwhile is never overwritten; a ``Saving`` phase found with no snapshot in
 progress here (a control plane restart) fails and thaws, so no pod stays frozen.
 Bookkeeping lives in status (``podUID``, ``newPodUID``, ``frozenAtMs``,
@@ -84,6 +84,14 @@ def _container_state(pod: Obj, container: str) -> Obj:
         if cs.get("name") == container:
             return cs.get("state") or {}
     return {}
+
+
+def _runs(pod: Obj, ck: Obj) -> bool:
+    try:
+        return (pod.get("status") or {}).get("phase") == "Running" and \
+            "running" in _container_state(pod, container_of(ck, pod))
+    except MoveError:
+        return False
 
 
 def container_of(ck: Obj, pod: Obj) -> str:
@@ -192,9 +200,16 @@ class CheckpointController(Controller):
         except MoveError as e:
             await self._fail(ck, pod, e, action)
             return
+        # The lock covers the snapshot's transfer only: the replacement, the status and the
+        # restore of one move overlap the next one's snapshot (a drain moves pods in a row).
         async with self.snapshot_lock:
             ck = await self._set_status(ck, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"])
-            await self._save_and_continue(ck, pod, container, source, target)
+            leave = "running" if target is None else "frozen"
+            try:
+                taken: int | MoveError = await self._stream_snapshot(ck, pod, container, source, leave)
+            except MoveError as e:
+                taken = e
+        await self._save_and_continue(ck, pod, container, source, target, taken)
 
     async def _image_exports(self, pod: Obj, container: str) -> list[str] | None:
         image = next((c.get("image", "") for c in pod["spec"]["containers"] if c.get("name") == container), "")
@@ -236,18 +251,18 @@ class CheckpointController(Controller):
         return picked
 
     async def _save_and_continue(self, ck: Obj, pod: Obj, container: str, source: str,
-                                 target: str | None) -> None:
+                                 target: str | None, taken: "int | MoveError") -> None:
+        """After the snapshot: ``taken`` is the freeze time (Unix ms) or why it failed."""
         move = target is not None
         ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        try:
-            frozen_at = await self._stream_snapshot(ck, pod, container, source, "frozen" if move else "running")
-        except MoveError as e:
+        if isinstance(taken, MoveError):
             if move:
                 await self._thaw(source, ns, pod_name, container)
-            await self._fail(ck, pod, e, "Move" if move else "Save")
+            await self._fail(ck, pod, taken, "Move" if move else "Save")
             return
-        ck = await self.client.get(CHECKPOINTS, ck["metadata"]["name"], ns)
+        frozen_at = taken
         if not move:
+            ck = await self.client.get(CHECKPOINTS, ck["metadata"]["name"], ns)  # sizeBytes, set by the upload
             st = _status(ck)
             await self._set_status(ck, phase="Saved", takenAt=rfc3339(), finishedAt=rfc3339(), message="")
             await self._event(pod, "Normal", "Checkpointed",
@@ -267,31 +282,30 @@ class CheckpointController(Controller):
         self.queue.add_after(key_of(ck), self.rollback_seconds)
 
     async def _stream_snapshot(self, ck: Obj, pod: Obj, container: str, node: str, leave: str) -> int:
-        """Kubelet snapshot -> Checkpoint data, streamed; returns the freeze time (Unix ms)."""
+        """Kubelet snapshot -> Checkpoint data; returns the freeze time (Unix ms).
+
+        The API server takes the snapshot from the node itself (``PUT .../data?fromNode=``):
+        the bytes cross the control plane once, not proxy -> controller -> upload."""
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        url = (f"/api/v1/nodes/{node}/proxy/checkpoint/{ns}/{name}/{container}"
-               f"?leave={leave}&timeoutMs={FREEZE_TIMEOUT_MS}")
         data_path = CHECKPOINTS.path(ns, ck["metadata"]["name"], "data")
+        params = {"fromNode": node, "pod": name, "container": container, "leave": leave,
+                  "timeoutMs": str(FREEZE_TIMEOUT_MS)}
         asked_at = _now_ms()
         try:
-            async with self.client.request("POST", url, timeout=aiohttp.ClientTimeout(total=None, sock_read=120)) as r:
-                if r.status != 200:
-                    raise MoveError(*self._kubelet_refusal(r.status, await r.text()))
-                length = r.content_length
-                if length is None:
-                    raise MoveError("the node sent a snapshot without a Content-Length")
-                frozen_at = int(r.headers.get("X-Kube32-Frozen-At-Ms") or asked_at)
-                headers = {"Content-Type": "application/octet-stream", "Content-Length": str(length)}
-                async with self.client.request("PUT", data_path, data=r.content.iter_chunked(1 << 20),
-                                               headers=headers) as put:
-                    if put.status != 200:
-                        body = await put.text()
-                        try:
-                            msg = json.loads(body).get("message", body)
-                        except json.JSONDecodeError:
-                            msg = body
-                        raise MoveError(f"the snapshot could not be stored: {msg}")
-                return frozen_at
+            async with self.client.request("PUT", data_path, params=params,
+                                           timeout=aiohttp.ClientTimeout(total=None, sock_read=180)) as r:
+                text = await r.text()
+                if r.status == 200:
+                    return int(r.headers.get("X-Kube32-Frozen-At-Ms") or asked_at)
+                if r.headers.get("X-Kube32-From-Node"):
+                    raise MoveError(*self._kubelet_refusal(r.status, text))
+                try:
+                    msg = json.loads(text).get("message", text)
+                except (json.JSONDecodeError, AttributeError):
+                    msg = text
+                if r.status in (502, 503) and msg.startswith("the snapshot transfer from"):
+                    raise MoveError(msg)
+                raise MoveError(f"the snapshot could not be stored: {msg}")
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
             raise MoveError(f"the snapshot transfer from {node} failed: {e or type(e).__name__}") from None
 
@@ -355,7 +369,12 @@ class CheckpointController(Controller):
     async def _check_move(self, ck: Obj) -> None:
         st = _status(ck)
         ns = ck["metadata"]["namespace"]
-        pod = await self.client.try_get(PODS, st.get("newPodName") or ck["spec"]["podName"], ns)
+        name = st.get("newPodName") or ck["spec"]["podName"]
+        # The informer's copy first: a pod event is what woke this sync, and a replacement
+        # it shows running did run (the freeze-to-running figure should not wait for a GET).
+        pod = self.pods.get(f"{ns}/{name}")
+        if not (pod and pod["metadata"]["uid"] == st.get("newPodUID") and _runs(pod, ck)):
+            pod = await self.client.try_get(PODS, name, ns)
         if pod is None or pod["metadata"]["uid"] != st.get("newPodUID"):
             await self._fail(ck, pod, MoveError("the pod was deleted or replaced during the move"), "Move",
                              before_replacement=False)
