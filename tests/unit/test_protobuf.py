@@ -23,27 +23,36 @@ GOLDEN: dict[str, tuple[str, str, dict]] = {
         'kubectl create namespace foo',
         '6b3873000a0f0a02763112094e616d657370616365121b0a130a03666f6f12001a0022002a0032003800420012001a02'
         '0a001a002200',
-        {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": "foo"}}),
+        {'kind': 'Namespace', 'apiVersion': 'v1', 'metadata': {'name': 'foo'}}),
     'configmap': (
         'kubectl create configmap cm1 --from-literal=a=b --from-literal=c=d',
         '6b3873000a0f0a0276311209436f6e6669674d617012250a130a03636d3112001a0022002a0032003800420012060a01'
         '6112016212060a01631201641a002200',
-        {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "cm1"}, "data": {"a": "b", "c": "d"}}),
+        {'kind': 'ConfigMap', 'apiVersion': 'v1', 'metadata': {'name': 'cm1'}, 'data': {'a': 'b', 'c': 'd'}}),
     'configmap_binary': (
-        'kubectl create configmap cm2 --from-literal=a=b --from-file=bin=small.bin  (small.bin = 00 ff fe 61 62)',
+        'kubectl create configmap cm2 --from-literal=a=b --from-file=bin=small.bin  (small.bin ='
+        ' 00 ff fe 61 62)',
         '6b3873000a0f0a0276311209436f6e6669674d6170122b0a130a03636d3212001a0022002a0032003800420012060a01'
         '611201621a0c0a0362696e120500fffe61621a002200',
-        {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "cm2"}, "data": {"a": "b"}, "binaryData": {"bin": "AP/+YWI="}}),
+        {'kind': 'ConfigMap',
+         'apiVersion': 'v1',
+         'metadata': {'name': 'cm2'},
+         'data': {'a': 'b'},
+         'binaryData': {'bin': 'AP/+YWI='}}),
     'secret': (
         'kubectl create secret generic s1 --from-literal=k=v',
         '6b3873000a0c0a0276311206536563726574121e0a120a02733112001a0022002a0032003800420012060a016b120176'
         '1a001a002200',
-        {"kind": "Secret", "apiVersion": "v1", "metadata": {"name": "s1"}, "data": {"k": "dg=="}}),
+        {'kind': 'Secret', 'apiVersion': 'v1', 'metadata': {'name': 's1'}, 'data': {'k': 'dg=='}}),
     'secret_typed': (
         'kubectl create secret generic s2 --from-literal=k=v --type=kubernetes.io/basic-auth',
         '6b3873000a0c0a027631120653656372657412360a120a02733212001a0022002a0032003800420012060a016b120176'
         '1a186b756265726e657465732e696f2f62617369632d617574681a002200',
-        {"kind": "Secret", "apiVersion": "v1", "metadata": {"name": "s2"}, "data": {"k": "dg=="}, "type": "kubernetes.io/basic-auth"}),
+        {'kind': 'Secret',
+         'apiVersion': 'v1',
+         'metadata': {'name': 's2'},
+         'data': {'k': 'dg=='},
+         'type': 'kubernetes.io/basic-auth'}),
     'deployment': (
         'kubectl create deployment web --image=nginx:1 --replicas=2',
         '6b3873000a150a07617070732f7631120a4465706c6f796d656e7412ad010a1f0a0377656212001a0022002a00320038'
@@ -51,7 +60,13 @@ GOLDEN: dict[str, tuple[str, str, dict]] = {
         '00380042005a0a0a036170701203776562124212240a056e67696e7812076e67696e783a312a0042006a007200800100'
         '880100900100a201001a00320042004a0052005800600068008201008a01009a0100c2010022020a00280038001a0c08'
         '00100018002000280038001a002200',
-        {"kind": "Deployment", "apiVersion": "apps/v1", "metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "nginx", "image": "nginx:1"}]}}}}),
+        {'kind': 'Deployment',
+         'apiVersion': 'apps/v1',
+         'metadata': {'name': 'web', 'labels': {'app': 'web'}},
+         'spec': {'replicas': 2,
+                  'selector': {'matchLabels': {'app': 'web'}},
+                  'template': {'metadata': {'labels': {'app': 'web'}},
+                               'spec': {'containers': [{'name': 'nginx', 'image': 'nginx:1'}]}}}}),
     'deployment_zero': (
         'kubectl create deployment web0 --image=nginx:1 --replicas=0 --port=8080 -- sleep 10',
         '6b3873000a150a07617070732f7631120a4465706c6f796d656e7412ca010a210a047765623012001a0022002a003200'
@@ -59,72 +74,118 @@ GOLDEN: dict[str, tuple[str, str, dict]] = {
         '002a003200380042005a0b0a03617070120477656230125a123c0a056e67696e7812076e67696e783a311a05736c6565'
         '701a0231302a00320b0a00100018903f22002a0042006a007200800100880100900100a201001a00320042004a005200'
         '5800600068008201008a01009a0100c2010022020a00280038001a0c0800100018002000280038001a002200',
-        {"kind": "Deployment", "apiVersion": "apps/v1", "metadata": {"name": "web0", "labels": {"app": "web0"}}, "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web0"}}, "template": {"metadata": {"labels": {"app": "web0"}}, "spec": {"containers": [{"name": "nginx", "image": "nginx:1", "command": ["sleep", "10"], "ports": [{"containerPort": 8080}]}]}}}}),
+        {'kind': 'Deployment',
+         'apiVersion': 'apps/v1',
+         'metadata': {'name': 'web0', 'labels': {'app': 'web0'}},
+         'spec': {'replicas': 0,
+                  'selector': {'matchLabels': {'app': 'web0'}},
+                  'template': {'metadata': {'labels': {'app': 'web0'}},
+                               'spec': {'containers': [{'name': 'nginx',
+                                                        'image': 'nginx:1',
+                                                        'command': ['sleep', '10'],
+                                                        'ports': [{'containerPort': 8080}]}]}}}}),
     'service': (
         'kubectl create service clusterip svc1 --tcp=80:8080',
         '6b3873000a0d0a027631120753657276696365126c0a210a047376633112001a0022002a003200380042005a0b0a0361'
         '707012047376633112430a1b0a0738302d38303830120354435018502207080010903f1a002800120b0a036170701204'
         '737663311a002209436c757374657249503a00420052005a00600068001a020a001a002200',
-        {"kind": "Service", "apiVersion": "v1", "metadata": {"name": "svc1", "labels": {"app": "svc1"}}, "spec": {"ports": [{"name": "80-8080", "protocol": "TCP", "port": 80, "targetPort": 8080}], "selector": {"app": "svc1"}, "type": "ClusterIP"}}),
+        {'kind': 'Service',
+         'apiVersion': 'v1',
+         'metadata': {'name': 'svc1', 'labels': {'app': 'svc1'}},
+         'spec': {'ports': [{'name': '80-8080', 'protocol': 'TCP', 'port': 80, 'targetPort': 8080}],
+                  'selector': {'app': 'svc1'},
+                  'type': 'ClusterIP'}}),
     'service_nodeport': (
         'kubectl create service nodeport np1 --tcp=80:http',
         '6b3873000a0d0a027631120753657276696365126b0a1f0a036e703112001a0022002a003200380042005a0a0a036170'
         '7012036e703112440a1e0a0738302d6874747012035443501850220a080110001a04687474702800120a0a0361707012'
         '036e70311a0022084e6f6465506f72743a00420052005a00600068001a020a001a002200',
-        {"kind": "Service", "apiVersion": "v1", "metadata": {"name": "np1", "labels": {"app": "np1"}}, "spec": {"ports": [{"name": "80-http", "protocol": "TCP", "port": 80, "targetPort": "http"}], "selector": {"app": "np1"}, "type": "NodePort"}}),
+        {'kind': 'Service',
+         'apiVersion': 'v1',
+         'metadata': {'name': 'np1', 'labels': {'app': 'np1'}},
+         'spec': {'ports': [{'name': '80-http', 'protocol': 'TCP', 'port': 80, 'targetPort': 'http'}],
+                  'selector': {'app': 'np1'},
+                  'type': 'NodePort'}}),
     'serviceaccount': (
         'kubectl create serviceaccount sa1',
         '6b3873000a140a027631120e536572766963654163636f756e7412150a130a0373613112001a0022002a003200380042'
         '001a002200',
-        {"kind": "ServiceAccount", "apiVersion": "v1", "metadata": {"name": "sa1"}}),
+        {'kind': 'ServiceAccount', 'apiVersion': 'v1', 'metadata': {'name': 'sa1'}}),
     'role': (
         'kubectl create role r1 --verb=get --verb=list --resource=pods',
         '6b3873000a240a1c726261632e617574686f72697a6174696f6e2e6b38732e696f2f76311204526f6c6512290a120a02'
         '723112001a0022002a0032003800420012130a036765740a046c69737412001a04706f64731a002200',
-        {"kind": "Role", "apiVersion": "rbac.authorization.k8s.io/v1", "metadata": {"name": "r1"}, "rules": [{"verbs": ["get", "list"], "apiGroups": [""], "resources": ["pods"]}]}),
+        {'kind': 'Role',
+         'apiVersion': 'rbac.authorization.k8s.io/v1',
+         'metadata': {'name': 'r1'},
+         'rules': [{'verbs': ['get', 'list'], 'apiGroups': [''], 'resources': ['pods']}]}),
     'rolebinding': (
         'kubectl create rolebinding rb1 --role=r1 --user=jane',
         '6b3873000a2b0a1c726261632e617574686f72697a6174696f6e2e6b38732e696f2f7631120b526f6c6542696e64696e'
         '6712670a130a0372623112001a0022002a0032003800420012290a04557365721219726261632e617574686f72697a61'
         '74696f6e2e6b38732e696f1a046a616e6522001a250a19726261632e617574686f72697a6174696f6e2e6b38732e696f'
         '1204526f6c651a0272311a002200',
-        {"kind": "RoleBinding", "apiVersion": "rbac.authorization.k8s.io/v1", "metadata": {"name": "rb1"}, "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "jane"}], "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r1"}}),
+        {'kind': 'RoleBinding',
+         'apiVersion': 'rbac.authorization.k8s.io/v1',
+         'metadata': {'name': 'rb1'},
+         'subjects': [{'kind': 'User', 'apiGroup': 'rbac.authorization.k8s.io', 'name': 'jane'}],
+         'roleRef': {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'Role', 'name': 'r1'}}),
     'rolebinding_sa': (
         'kubectl create rolebinding rb2 --clusterrole=view --serviceaccount=default:sa1',
         '6b3873000a2b0a1c726261632e617574686f72697a6174696f6e2e6b38732e696f2f7631120b526f6c6542696e64696e'
         '6712670a130a0372623212001a0022002a0032003800420012200a0e536572766963654163636f756e7412001a037361'
         '31220764656661756c741a2e0a19726261632e617574686f72697a6174696f6e2e6b38732e696f120b436c7573746572'
         '526f6c651a04766965771a002200',
-        {"kind": "RoleBinding", "apiVersion": "rbac.authorization.k8s.io/v1", "metadata": {"name": "rb2"}, "subjects": [{"kind": "ServiceAccount", "name": "sa1", "namespace": "default"}], "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"}}),
+        {'kind': 'RoleBinding',
+         'apiVersion': 'rbac.authorization.k8s.io/v1',
+         'metadata': {'name': 'rb2'},
+         'subjects': [{'kind': 'ServiceAccount', 'name': 'sa1', 'namespace': 'default'}],
+         'roleRef': {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'ClusterRole', 'name': 'view'}}),
     'clusterrole': (
         'kubectl create clusterrole cr1 --verb=get --resource=nodes',
         '6b3873000a2b0a1c726261632e617574686f72697a6174696f6e2e6b38732e696f2f7631120b436c7573746572526f6c'
         '6512250a130a0363723112001a0022002a00320038004200120e0a0367657412001a056e6f6465731a002200',
-        {"kind": "ClusterRole", "apiVersion": "rbac.authorization.k8s.io/v1", "metadata": {"name": "cr1"}, "rules": [{"verbs": ["get"], "apiGroups": [""], "resources": ["nodes"]}]}),
+        {'kind': 'ClusterRole',
+         'apiVersion': 'rbac.authorization.k8s.io/v1',
+         'metadata': {'name': 'cr1'},
+         'rules': [{'verbs': ['get'], 'apiGroups': [''], 'resources': ['nodes']}]}),
     'clusterrole_url': (
         'kubectl create clusterrole cr2 --non-resource-url=/logs --verb=get',
         '6b3873000a2b0a1c726261632e617574686f72697a6174696f6e2e6b38732e696f2f7631120b436c7573746572526f6c'
         '6512230a130a0363723212001a0022002a00320038004200120c0a036765742a052f6c6f67731a002200',
-        {"kind": "ClusterRole", "apiVersion": "rbac.authorization.k8s.io/v1", "metadata": {"name": "cr2"}, "rules": [{"verbs": ["get"], "nonResourceURLs": ["/logs"]}]}),
+        {'kind': 'ClusterRole',
+         'apiVersion': 'rbac.authorization.k8s.io/v1',
+         'metadata': {'name': 'cr2'},
+         'rules': [{'verbs': ['get'], 'nonResourceURLs': ['/logs']}]}),
     'clusterrolebinding': (
         'kubectl create clusterrolebinding crb1 --clusterrole=cr1 --group=devs',
         '6b3873000a320a1c726261632e617574686f72697a6174696f6e2e6b38732e696f2f76311212436c7573746572526f6c'
         '6542696e64696e6712710a140a046372623112001a0022002a00320038004200122a0a0547726f75701219726261632e'
         '617574686f72697a6174696f6e2e6b38732e696f1a046465767322001a2d0a19726261632e617574686f72697a617469'
         '6f6e2e6b38732e696f120b436c7573746572526f6c651a036372311a002200',
-        {"kind": "ClusterRoleBinding", "apiVersion": "rbac.authorization.k8s.io/v1", "metadata": {"name": "crb1"}, "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "devs"}], "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cr1"}}),
+        {'kind': 'ClusterRoleBinding',
+         'apiVersion': 'rbac.authorization.k8s.io/v1',
+         'metadata': {'name': 'crb1'},
+         'subjects': [{'kind': 'Group', 'apiGroup': 'rbac.authorization.k8s.io', 'name': 'devs'}],
+         'roleRef': {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'ClusterRole', 'name': 'cr1'}}),
     'pdb': (
         'kubectl create poddisruptionbudget pdb1 --selector=app=web --min-available=1',
         '6b3873000a200a09706f6c6963792f76311213506f6444697372757074696f6e427564676574123a0a140a0470646231'
         '12001a0022002a0032003800420012160a06080010011a00120c0a0a0a0361707012037765621a0a0800180020002800'
         '30001a002200',
-        {"kind": "PodDisruptionBudget", "apiVersion": "policy/v1", "metadata": {"name": "pdb1"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}}),
+        {'kind': 'PodDisruptionBudget',
+         'apiVersion': 'policy/v1',
+         'metadata': {'name': 'pdb1'},
+         'spec': {'minAvailable': 1, 'selector': {'matchLabels': {'app': 'web'}}}}),
     'pdb_percent': (
         'kubectl create poddisruptionbudget pdb2 --selector=app=web --max-unavailable=50%',
         '6b3873000a200a09706f6c6963792f76311213506f6444697372757074696f6e427564676574123d0a140a0470646232'
         '12001a0022002a003200380042001219120c0a0a0a0361707012037765621a09080110001a033530251a0a0800180020'
         '00280030001a002200',
-        {"kind": "PodDisruptionBudget", "apiVersion": "policy/v1", "metadata": {"name": "pdb2"}, "spec": {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": "50%"}}),
+        {'kind': 'PodDisruptionBudget',
+         'apiVersion': 'policy/v1',
+         'metadata': {'name': 'pdb2'},
+         'spec': {'selector': {'matchLabels': {'app': 'web'}}, 'maxUnavailable': '50%'}}),
 }
 
 
