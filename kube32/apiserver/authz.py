@@ -211,6 +211,11 @@ class NodeAuthorizer:
                     a.name == node or (a.verb == "create" and not a.name)):
                 return Decision.ALLOW, ""
             return Decision.DENY, f"node '{node}' may only use its own Lease"
+        if key == ("", "services"):
+            # As kube-proxy: a node serves NodePort Services, forwarding through services/proxy.
+            if (a.subresource == "" and a.verb in ("get", "list", "watch")) or a.subresource == "proxy":
+                return Decision.ALLOW, ""
+            return Decision.DENY, deny
         if key in (("", "events"), ("events.k8s.io", "events")) and a.verb in ("create", "update", "patch"):
             return Decision.ALLOW, ""
         if key in (("authentication.k8s.io", "tokenreviews"),

@@ -38,6 +38,7 @@ from . import node as nodeinfo
 from . import join as node_join
 from . import migration
 from .images import ImagePuller
+from .nodeports import NodePorts
 from .pods import PodWorker
 from .server import build_app, server_ssl
 
@@ -61,7 +62,10 @@ class KubeletOptions:
     status_interval: float = 10.0
     backoff_base: float = 10.0
     backoff_max: float = 300.0
-    call_timeout_ms: int = 10000
+    # A call that runs longer is ended (the pod fails and restarts per its policy).  Longer
+    # than the longest freeze a checkpoint may wait (timeoutMs up to 60 s): a freeze that
+    # gives up answers 504 and the pod keeps running, as the spec promises.
+    call_timeout_ms: int = 120000
     log_lines: int = 1000
     frozen_max_seconds: float = 300.0    # a pod frozen for a move that never finished thaws
     faults: tuple[str, ...] = ()         # injected faults (kube32.kubelet.migration.FAULTS), for tests
@@ -84,6 +88,7 @@ class Kubelet:
         self.workers: dict[str, PodWorker] = {}        # uid -> worker
         self.instances: dict[int, PodWorker] = {}      # id(Pod) -> worker (HostServices lookups)
         self.informer = Informer(client, PODS, field_selector=f"spec.nodeName={options.node_name}")
+        self.nodeports = NodePorts(self)
         self.port = 0
         self.scheme = "http"
         self.interp_mops = 0.0
@@ -127,7 +132,8 @@ class Kubelet:
                         asyncio.create_task(self._lease_loop(), name="kubelet-lease"),
                         asyncio.create_task(self._status_loop(), name="kubelet-status"),
                         asyncio.create_task(self._topic_loop(), name="kubelet-topics"),
-                        asyncio.create_task(migration.thaw_forgotten(self), name="kubelet-thaw")]
+                        asyncio.create_task(migration.thaw_forgotten(self), name="kubelet-thaw"),
+                        self.nodeports.start()]
         log.info("kubelet %s serving on %s:%d (interp-mops %.2f)", o.node_name, self.ip, self.port, self.interp_mops)
 
     async def stop(self) -> None:
@@ -135,6 +141,7 @@ class Kubelet:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.informer.stop()
+        await self.nodeports.stop()
         await asyncio.gather(*self._background, return_exceptions=True)
         await asyncio.gather(*(w.stop() for w in list(self.workers.values())), return_exceptions=True)
         self.workers.clear()

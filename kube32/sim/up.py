@@ -81,10 +81,13 @@ async def run_up(data_dir: Path, workers: int, port: int, node_args: list[str],
                 return 1
             await asyncio.sleep(0.1)
         names = [f"sim-{i}" for i in range(1, workers + 1)]
-        for name in names:
+        for i, name in enumerate(names, start=2):
+            # Each node has an address of its own on loopback (127.0.0.2, ...), as boards
+            # on a network do: its NodePort Services listen there.
             children[name] = await _spawn(
                 _sim("worker", "--kubeconfig", str(data_dir / "node.kubeconfig"), "--name", name,
-                     "--port", "0", "--data-dir", str(data_dir / "nodes" / name), *node_args),
+                     "--address", f"127.0.0.{i}", "--port", "0", "--data-dir", str(data_dir / "nodes" / name),
+                     *node_args),
                 logs / f"{name}.log")
         async with Client.from_kubeconfig(admin, user_agent="kube32-sim-up") as client:
             want = ["devkit", *names]

@@ -25,6 +25,9 @@ def add_node_flags(p: argparse.ArgumentParser, *, default_profile: str, port_fla
     """Flags shared by ``worker`` and the control plane's own node."""
     p.add_argument(port_flag, dest="kubelet_port", type=int, default=0,
                    help="kubelet endpoint port (0 = any free port)")
+    p.add_argument("--address", default="127.0.0.1",
+                   help="the node's IP: its kubelet endpoint and NodePort Services listen there "
+                        "(any 127.x.y.z is this machine; default 127.0.0.1)")
     p.add_argument("--profile", default=default_profile, choices=("devkit", "cardputer", "laptop"),
                    help=f"board profile: default heap, devices and pod capacity (default {default_profile})")
     p.add_argument("--heap", help="heap size, e.g. 512Ki, 8Mi (default: the profile's)")
@@ -47,7 +50,7 @@ def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool 
     except ValueError as e:
         raise SystemExit(f"kube32-sim: --heap: {e}") from None
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices is not None else prof.devices
-    return KubeletOptions(node_name=name, port=args.kubelet_port, profile=prof.name, heap_bytes=heap,
+    return KubeletOptions(node_name=name, host=args.address, port=args.kubelet_port, profile=prof.name, heap_bytes=heap,
                           driver_bytes=prof.driver_bytes if not args.heap else min(prof.driver_bytes, heap // 4),
                           devices=devices, max_pods=prof.max_pods, interp_mops=args.interp_mops,
                           control_plane=control_plane, lease_interval=args.lease_interval,

@@ -250,10 +250,7 @@ def test_module_replaced_at_the_same_url_is_refused(cluster, image, tmp_path: Pa
 def test_a_long_call_delays_the_move_and_is_answered(cluster, image) -> None:
     """The freeze waits for the current call (here 6 s, under the 10 s freeze timeout);
     the call is answered and the move then completes with the state.  A call past the
-    freeze timeout gets 504 from the node and the pod keeps running: that is
-    tests/e2e/test_moves.py::test_checkpoint_endpoint_refusals_leave_the_pod_running
-    (timeoutMs=300); through the controller the pod's own 10 s call timeout ends such a
-    call first (docs/reliability.md)."""
+    freeze timeout: the next test."""
     before = serve_pod(cluster, "long", "sim-1", image)
     results: list[int] = []
     worker = threading.Thread(target=lambda: results.append(
@@ -268,6 +265,27 @@ def test_a_long_call_delays_the_move_and_is_answered(cluster, image) -> None:
     assert after["requests"] == before["requests"] + 2 and after["restored_calls"] == 1
     assert get_json(cluster, "pod", "long")["spec"]["nodeName"] == "sim-2"
     cluster.kubectl("delete", "pod", "long", "--wait=false")
+
+
+def test_a_call_past_the_freeze_timeout_refuses_the_move_and_the_pod_keeps_running(cluster, image) -> None:
+    """A call still running 10 s after the freeze began: the move fails with the spec's
+    blocker, the call is answered, and the pod keeps running where it is."""
+    before = serve_pod(cluster, "slow", "sim-1", image)
+    results: list[int] = []
+    worker = threading.Thread(target=lambda: results.append(
+        api_call(cluster, "POST", "/api/v1/namespaces/default/pods/slow/proxy/work?ms=11500")[0]))
+    worker.start()
+    time.sleep(0.5)
+    out = cli(cluster, "move", "slow", "--to", "sim-2")
+    worker.join()
+    assert out.returncode == 1
+    assert "- call k32_handle still running after 10000 ms" in out.stdout.decode(), out.stdout.decode()
+    assert results == [200]
+    assert get_json(cluster, "pod", "slow")["spec"]["nodeName"] == "sim-1"
+    after = state(cluster, "slow")
+    assert after["requests"] == before["requests"] + 2 and after["restored_calls"] == 0
+    assert after["init_calls"] == 1
+    cluster.kubectl("delete", "pod", "slow", "--wait=false")
 
 
 def test_source_killed_while_it_streams(cluster, image, node) -> None:

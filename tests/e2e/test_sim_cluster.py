@@ -7,6 +7,7 @@ are bound by ``spec.nodeName`` (the scheduler is separate work).
 from __future__ import annotations
 
 import hashlib
+import json
 import http.server
 import signal
 import threading
@@ -65,7 +66,10 @@ def test_counter_pod_serves_ticks_hears_events_and_logs(sim_cluster: ControlPlan
              30, what="counter to be Ready")
     pod = get_json(sim_cluster, "pod", "counter")
     status = pod["status"]
-    assert status["phase"] == "Running" and status["podIP"] == "127.0.0.1" and status["hostIP"] == "127.0.0.1"
+    node_ip = next(a["address"] for a in get_json(sim_cluster, "node", "sim-1")["status"]["addresses"]
+                   if a["type"] == "InternalIP")
+    assert node_ip == "127.0.0.2", "kube32-sim up gives each worker a loopback address of its own"
+    assert status["phase"] == "Running" and status["podIP"] == node_ip and status["hostIP"] == node_ip
     assert status["containerStatuses"][0]["imageID"] == image
     assert {c["type"] for c in status["conditions"]} >= {"PodScheduled", "Initialized", "ContainersReady", "Ready"}
 
@@ -148,7 +152,8 @@ def test_kubelet_endpoint_admits_only_the_api_server(sim_cluster: ControlPlane) 
     node = get_json(sim_cluster, "node", "sim-1")
     import ssl  # the kubelet serves TLS with a certificate from the cluster CA
     assert node["metadata"]["annotations"]["kube32.io/kubelet-scheme"] == "https"
-    base = f"https://127.0.0.1:{node['status']['daemonEndpoints']['kubeletEndpoint']['Port']}"
+    ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    base = f"https://{ip}:{node['status']['daemonEndpoints']['kubeletEndpoint']['Port']}"
     ctx = ssl.create_default_context(cafile=str(sim_cluster.data_dir / "pki" / "ca.crt"))
     token = yaml.safe_load(sim_cluster.kubeconfig.read_text())["users"][0]["user"]["token"]
     codes = []
@@ -199,3 +204,25 @@ def test_keyboard_events_and_a_killed_worker_stops_renewing(sim_cluster: Control
     finally:
         worker.stop()
         sim_cluster.kubectl("delete", "pod", "keys", "--wait=false", check=False)
+
+
+def test_nodeport_service_answers_on_every_node(sim_cluster: ControlPlane) -> None:
+    """Each node has its own loopback address; a NodePort Service answers on all of them."""
+    image = push(sim_cluster, COUNTER)
+    sim_cluster.kubectl("apply", "-f", "-", input=pod_yaml("np", "sim-1", image))
+    sim_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "np"},
+        "spec": {"type": "NodePort", "selector": {"app": "np"}, "ports": [{"port": 80}]}}))
+    wait_for(lambda: waiting_or_terminated(sim_cluster, "np").get("ready"), 30, what="np Ready")
+    port = get_json(sim_cluster, "service", "np")["spec"]["ports"][0]["nodePort"]
+    addresses = {n["metadata"]["name"]: next(a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP")
+                 for n in get_json(sim_cluster, "nodes")["items"] if n["metadata"]["name"] in ("devkit", "sim-1", "sim-2")}
+    assert len(set(addresses.values())) == 3, addresses
+    seen = []
+    for node, ip in sorted(addresses.items()):
+        body = wait_for(lambda: urllib.request.urlopen(f"http://{ip}:{port}/", timeout=5).read(), 15,
+                        what=f"NodePort {port} on {node} ({ip})")
+        seen.append(json.loads(body)["requests"])
+    assert sorted(seen) == seen and len(set(seen)) == 3, seen   # one pod, its counter going up
+    sim_cluster.kubectl("delete", "service", "np")
+    sim_cluster.kubectl("delete", "pod", "np", "--wait=false")

@@ -1,0 +1,106 @@
+"""NodePort Services on this node: every node answers them on its own address.
+
+For each port of a Service of type NodePort (or LoadBalancer) the kubelet listens
+on ``<node IP>:<nodePort>`` and forwards each HTTP request, streaming, to the
+API server's ``services/<name>:<port>/proxy/<path>``, which picks a Ready pod of
+the Service on any node (so a frozen or moving pod, not Ready, gets no traffic).
+This is what kube-proxy does on a Kubernetes node; here pods answer HTTP through
+their kubelet, so the hop goes through the API server.
+
+Invariants: one listener per (nodePort); a Service changed or gone closes its
+listeners; a port this node cannot bind is logged and recorded as an event on the
+Service, never fatal.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from ..client import SERVICES, Informer
+
+if TYPE_CHECKING:
+    from .kubelet import Kubelet
+
+log = logging.getLogger("kube32.kubelet.nodeports")
+HOP = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "content-length", "authorization"})
+
+
+def node_ports(svc: dict[str, Any]) -> dict[int, tuple[str, str, int]]:
+    """nodePort -> (namespace, name, service port) for a NodePort/LoadBalancer Service."""
+    spec = svc.get("spec") or {}
+    if spec.get("type") not in ("NodePort", "LoadBalancer"):
+        return {}
+    md = svc["metadata"]
+    return {int(p["nodePort"]): (md["namespace"], md["name"], int(p["port"]))
+            for p in spec.get("ports") or [] if p.get("nodePort") and p.get("port")}
+
+
+class NodePorts:
+    def __init__(self, kubelet: "Kubelet") -> None:
+        self.kl = kubelet
+        self.informer = Informer(kubelet.client, SERVICES)
+        self.listeners: dict[int, tuple[tuple[str, str, int], web.AppRunner]] = {}
+        self._lock = asyncio.Lock()
+
+    def start(self) -> asyncio.Task:
+        self.informer.add_handler(lambda *_: self.kl._spawn(self.reconcile()))
+        return self.informer.start()
+
+    async def stop(self) -> None:
+        await self.informer.stop()
+        for _, runner in self.listeners.values():
+            await runner.cleanup()
+        self.listeners.clear()
+
+    async def reconcile(self) -> None:
+        async with self._lock:
+            wanted: dict[int, tuple[str, str, int]] = {}
+            for svc in self.informer.list():
+                wanted.update(node_ports(svc))
+            for port, (target, runner) in list(self.listeners.items()):
+                if wanted.get(port) != target:
+                    await runner.cleanup()
+                    del self.listeners[port]
+            for port, target in wanted.items():
+                if port not in self.listeners:
+                    await self._listen(port, target)
+
+    async def _listen(self, port: int, target: tuple[str, str, int]) -> None:
+        app = web.Application(client_max_size=16 << 20)
+        app.router.add_route("*", "/{path:.*}", self._forwarder(target))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.kl.ip, port, reuse_address=True).start()
+        except OSError as e:
+            await runner.cleanup()
+            ns, name, _ = target
+            log.warning("cannot serve NodePort %d of %s/%s on %s: %s", port, ns, name, self.kl.ip, e)
+            return
+        self.listeners[port] = (target, runner)
+
+    def _forwarder(self, target: tuple[str, str, int]):
+        ns, name, svc_port = target
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            path = f"/api/v1/namespaces/{ns}/services/{name}:{svc_port}/proxy/{request.match_info['path']}"
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+            try:
+                async with self.kl.client.request(request.method, path, params=request.query,
+                                                  data=await request.read(), headers=headers) as up:
+                    resp = web.StreamResponse(status=up.status, reason=up.reason)
+                    for k, v in up.headers.items():
+                        if k.lower() not in HOP:
+                            resp.headers.add(k, v)
+                    await resp.prepare(request)
+                    async for chunk in up.content.iter_chunked(1 << 16):
+                        await resp.write(chunk)
+                    await resp.write_eof()
+                    return resp
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                return web.Response(status=502, text=f"cannot reach service {ns}/{name}: {e}\n")
+        return forward
