@@ -180,8 +180,8 @@ async def run(runs: int) -> str:
         f"## API server (bench_apiserver, {runs} runs, medians)\n",
         f"Requests per second from one client, {INFLIGHT} in flight, HTTPS, {PODS_N:,} pods stored; the "
         "baseline is a bare aiohttp server over TLS answering the same bytes without looking at them. No "
-        "target of its own: a drain of 100 pods needs a few hundred requests (an eviction, a Checkpoint, a "
-        "replacement and status writes per pod), well within these rates.\n",
+        "target of its own; a drain mixes evictions, Checkpoint and status writes, replacements, restores "
+        "and watch fan-out, and keeps the control plane's one event loop busy all along (see the notes).\n",
         report.table(["request", "per second", "bare aiohttp baseline", "ratio"], rows)])
 
 

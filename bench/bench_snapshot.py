@@ -152,6 +152,17 @@ def main(argv: list[str]) -> int:
         )
     ratio = medians["k32s"] / medians["raw"]
     print(f"  ratio k32s/raw = {ratio:.2f} (target >= 0.70)")
+    from . import report
+    rows = [[mode, f"{medians[mode] / 2**30:.2f}", f"{medians[mode] / medians['raw']:.2f}",
+             f"{max(r['writer'] for r in runs[mode]) / MiB:.2f}", f"{max(r['reader'] for r in runs[mode]) / MiB:.2f}",
+             f">= 0.70: {report.verdict(ratio >= 0.7)}" if mode == "k32s" else ""] for mode in runs]
+    report.add("\n".join([
+        f"## K32S streaming, format alone (bench_snapshot, {args.mib} MiB, {args.runs} runs, medians)\n",
+        "A writer process streams a wasmtime memory over one loopback TCP connection into a fresh wasmtime "
+        "memory in a reader process: raw `sendall`/`recv_into` against `SnapshotWriter.write_to` / "
+        "`SnapshotReader.read_from` (both sides SHA-256 every byte for the trailer).  No HTTP, no TLS.\n",
+        report.table(["mode", "GiB/s", "ratio", "writer peak beyond the memory, MiB",
+                      "reader peak beyond the memory, MiB", "target"], rows)]))
     return 0
 
 

@@ -43,6 +43,7 @@ log = logging.getLogger("kube32.checkpoint")
 Obj = dict[str, Any]
 
 FREEZE_TIMEOUT_MS = 10000
+FINISHED = ("Saved", "Completed", "Failed")
 TRIGGER = movability.TRIGGER
 
 
@@ -131,6 +132,7 @@ class CheckpointController(Controller):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self.snapshot_lock = asyncio.Lock()  # the control plane takes one snapshot at a time
+        self.exports: dict[str, list[str]] = {}  # image digest -> its exports (a drain asks once)
         self.rollback_seconds = ctx.options.move_rollback_seconds
         self.retention_seconds = ctx.options.checkpoint_retention_seconds
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
@@ -157,6 +159,12 @@ class CheckpointController(Controller):
     # --- sync ---------------------------------------------------------------------
     async def sync(self, key: Any) -> None:
         ns, name = split_key(key)
+        cached = self.checkpoints.get(key)
+        if cached is not None and _status(cached).get("phase") in FINISHED:
+            # A finished Checkpoint never changes phase again, and its retention deletes
+            # by uid: the informer's copy will do (a moved pod's later events wake it).
+            await self._retain(cached)
+            return
         ck = await self.client.try_get(CHECKPOINTS, name, ns)
         if ck is None:
             return
@@ -216,10 +224,16 @@ class CheckpointController(Controller):
         digest = movability.embedded_digest(image)
         if digest is None:
             return None
+        if digest in self.exports:  # an image is its digest: its exports never change
+            return self.exports[digest]
         try:
             async with self.client.request("GET", f"/apis/kube32.io/v1/images/{digest}/info") as r:
                 if r.status == 200:
-                    return list((await r.json()).get("exports") or [])
+                    exports = list((await r.json()).get("exports") or [])
+                    if len(self.exports) >= 256:
+                        self.exports.clear()
+                    self.exports[digest] = exports
+                    return exports
         except aiohttp.ClientError:
             pass
         return None
