@@ -180,7 +180,22 @@ class NodeAuthorizer:
         return pod is not None and (pod.get("spec") or {}).get("nodeName") == node
 
     async def _referenced(self, node: str, kind: str, namespace: str, name: str) -> bool:
+        if kind == "checkpoints" and await self._checkpoint_pod_on(node, namespace, name):
+            return True  # the usual restore, without decoding every pod on the node
         return any(name in pod_references(p)[kind] for p in await self._pods_on(node, namespace))
+
+    async def _checkpoint_pod_on(self, node: str, namespace: str, name: str) -> bool:
+        """Whether the pod a Checkpoint was taken of is on ``node`` and restores from it:
+        two reads, where listing the pods on the node costs one decode per pod (a drain's
+        restores would be quadratic)."""
+        from .resources import by_plural
+        ck = await self.registry.try_get(by_plural("checkpoints"), namespace, name)
+        pod_name = ((ck or {}).get("spec") or {}).get("podName")
+        if not isinstance(pod_name, str) or not pod_name:
+            return False
+        pod = await self.registry.try_get(by_plural("pods"), namespace, pod_name)
+        return pod is not None and (pod.get("spec") or {}).get("nodeName") == node and \
+            name in pod_references(pod)["checkpoints"]
 
     async def authorize(self, a: Attributes) -> tuple[Decision, str]:
         node = node_name(a)

@@ -203,3 +203,33 @@ def test_service_account_tokens_are_signed_and_expire() -> None:
     user = auth.authenticate(f"Bearer {sa.issue('ns1', 'bot', 'u', 2**40)}")
     assert user is not None and user.name == "system:serviceaccount:ns1:bot"
     assert user.groups == ("system:serviceaccounts", "system:serviceaccounts:ns1")
+
+
+@in_loop
+async def test_node_reads_checkpoint_data_by_the_checkpoints_pod_or_any_pod_on_it(tmp_path: Path) -> None:
+    """The quick check (the Checkpoint's own pod, on this node, restoring from it) and the
+    full one (any pod on the node naming it) agree."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        reg = Registry(store)
+        await reg.create(by_plural("namespaces"), None, {"metadata": {"name": "default"}}, check_namespace=False)
+        pods, cks = by_plural("pods"), by_plural("checkpoints")
+        await reg.create(pods, "default", _pod("mine", "a", annotations={"kube32.io/restore-from": "ck-mine"}))
+        await reg.create(pods, "default", _pod("other", "a", annotations={"kube32.io/restore-from": "ck-lent"}))
+        await reg.create(pods, "default", _pod("theirs", "b", annotations={"kube32.io/restore-from": "ck-theirs"}))
+        for name, pod in (("ck-mine", "mine"), ("ck-theirs", "theirs"), ("ck-lent", "theirs"),
+                          ("ck-unused", "mine")):
+            await reg.create(cks, "default", {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+                                              "metadata": {"name": name}, "spec": {"podName": pod}})
+        chain = authz.Authorizer(reg)
+        base = "/apis/kube32.io/v1/namespaces/default/checkpoints"
+
+        async def can(name: str) -> bool:
+            return (await chain.authorize(authz.request_attributes(NODE_A, "GET", f"{base}/{name}/data", {})))[0]
+        assert await can("ck-mine")          # its own pod is here and restores from it
+        assert await can("ck-lent")          # taken of a pod elsewhere, restored by a pod here
+        assert not await can("ck-theirs")
+        assert not await can("ck-unused")    # its pod is here but does not restore from it
+        assert not await can("ck-missing")
+    finally:
+        await store.close()
