@@ -20,7 +20,7 @@ Invariants: the control plane takes one snapshot at a time (one lock around the
 snapshot's transfer; others wait); every pod write names the uid it expects, so a pod replaced or deleted
 meanwhile is never overwritten; a ``Saving`` phase found with no snapshot in
 progress here (a control plane restart) fails and thaws, so no pod stays frozen.
-Bookkeeping lives in status (``podUID``, ``newPodUID``, ``frozenAtMs``,
+Bookkeeping lives in status (``podUID``, ``newPodUID``, ``frozenAtMs``, ``movingSinceMs``,
 ``finishedAt``), so the controller picks up where it was after a restart.
 """
 from __future__ import annotations
@@ -290,7 +290,7 @@ class CheckpointController(Controller):
             await self._fail(ck, pod, MoveError(f"the pod could not be replaced: {e.message}"), "Move")
             return
         await self._set_status(ck, phase="Moving", takenAt=rfc3339(), targetNode=target, newPodName=pod_name,
-                               newPodUID=new["metadata"]["uid"], frozenAtMs=frozen_at)
+                               newPodUID=new["metadata"]["uid"], frozenAtMs=frozen_at, movingSinceMs=_now_ms())
         await self._event(new, "Normal", "Moving",
                           f"Replacement bound to {target}; restoring from checkpoint {ck['metadata']['name']}")
         self.queue.add_after(key_of(ck), self.rollback_seconds)
@@ -403,7 +403,10 @@ class CheckpointController(Controller):
             why = (terminated or {}).get("message") or (pod.get("status") or {}).get("message") or "the replacement failed"
             await self._rollback(ck, pod, why)
             return
-        waited = (_now_ms() - int(st.get("frozenAtMs") or _now_ms())) / 1000
+        # The rollback clock starts when the replacement is bound (a pod may have been
+        # frozen long before, e.g. a retried transfer); the Moved figure counts from the freeze.
+        since = st.get("movingSinceMs") or st.get("frozenAtMs") or _now_ms()
+        waited = (_now_ms() - int(since)) / 1000
         if waited >= self.rollback_seconds:
             await self._rollback(ck, pod, f"the replacement did not run within {self.rollback_seconds:g} s")
         else:
