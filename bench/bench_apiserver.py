@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import shutil
 import statistics
 import tempfile
 import time
@@ -164,6 +165,7 @@ async def run(runs: int) -> str:
         finally:
             server.kill()
             server.join(10)
+            shutil.rmtree(pki_dir, ignore_errors=True)
     med = {k: statistics.median(r[k] for r in results) for k in results[0]}
     bmed = {k: statistics.median(r[k] for r in bare) for k in bare[0]}
     print(f"  api: {med}\n  bare: {bmed}", flush=True)

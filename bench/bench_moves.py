@@ -268,7 +268,7 @@ async def drain(cluster: Cluster, count: int) -> Obj:
     async def all_ready() -> bool:
         items, _ = await api.list(PODS, "default", label_selector="app=drain")
         return sum(pod_ready(p) for p in items) == count
-    await cluster.wait(all_ready, 120, f"{count} pods Ready", interval=0.2)
+    await cluster.wait(all_ready, 300, f"{count} pods Ready", interval=0.2)
 
     async def ask(n: str) -> Obj:
         async with sem:

@@ -210,8 +210,10 @@ class CheckpointController(Controller):
             return
         # The lock covers the snapshot's transfer only: the replacement, the status and the
         # restore of one move overlap the next one's snapshot (a drain moves pods in a row).
+        # Saving is written before the lock is taken: a Saving Checkpoint is only ever looked at
+        # by its own sync (running here) or, after a control plane restart, found interrupted.
+        ck = await self._set_status(ck, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"])
         async with self.snapshot_lock:
-            ck = await self._set_status(ck, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"])
             leave = "running" if target is None else "frozen"
             try:
                 taken: int | MoveError = await self._stream_snapshot(ck, pod, container, source, leave)
