@@ -177,7 +177,9 @@ class NodeAuthorizer:
     async def _pod_is_on(self, node: str, namespace: str, name: str) -> bool:
         from .resources import by_plural
         pod = await self.registry.try_get(by_plural("pods"), namespace, name)
-        return pod is not None and (pod.get("spec") or {}).get("nodeName") == node
+        # A pod that is gone reveals nothing: the request goes on to its 404, so a kubelet
+        # confirming a deletion someone else completed is told "not found", not "forbidden".
+        return pod is None or (pod.get("spec") or {}).get("nodeName") == node
 
     async def _referenced(self, node: str, kind: str, namespace: str, name: str) -> bool:
         if kind == "checkpoints" and await self._checkpoint_pod_on(node, namespace, name):

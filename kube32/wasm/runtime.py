@@ -12,6 +12,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ class Runtime:
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
         self._modules: dict[str, Module] = {}
+        self._building: dict[str, threading.Lock] = {}   # digest -> the lock of its one compile
         self._lock = threading.Lock()
         self._functypes: dict[tuple, wasmtime.FuncType] = {}
         self._closed = threading.Event()
@@ -87,22 +89,29 @@ class Runtime:
             raise ImageError(f"image digest mismatch: expected {expected_sha256.lower()}, got {digest}")
         with self._lock:
             cached = self._modules.get(digest)
+            building = self._building.setdefault(digest, threading.Lock())
         if cached is not None:
             return cached
-        try:
-            info = binary.parse(wasm)
-        except binary.BinaryError as exc:
-            raise ImageError(f"not a valid WebAssembly module: {exc}") from None
-        kind, entry = classify(info)
-        compiled = self._compile(digest, wasm, info)
-        module = Module(
-            sha256=digest, kind=kind, entry_point=entry,
-            exports=frozenset(info.exports), size=len(wasm),
-            compiled=compiled, info=info, engine_id=id(self.engine),
-        )
-        with self._lock:
-            self._modules[digest] = module
-        return module
+        # One compile per digest: pods of the same image starting together wait for it.
+        with building:
+            with self._lock:
+                cached = self._modules.get(digest)
+            if cached is not None:
+                return cached
+            try:
+                info = binary.parse(wasm)
+            except binary.BinaryError as exc:
+                raise ImageError(f"not a valid WebAssembly module: {exc}") from None
+            kind, entry = classify(info)
+            compiled = self._compile(digest, wasm, info)
+            module = Module(
+                sha256=digest, kind=kind, entry_point=entry,
+                exports=frozenset(info.exports), size=len(wasm),
+                compiled=compiled, info=info, engine_id=id(self.engine),
+            )
+            with self._lock:
+                self._modules[digest] = module
+            return module
 
     def _compile(self, digest: str, wasm: bytes, info: binary.ModuleInfo) -> wasmtime.Module:
         path = self.cache_dir / f"{digest}-{CONFIG_TAG}.cwasm" if self.cache_dir else None
@@ -117,7 +126,8 @@ class Runtime:
         except Exception as exc:
             raise ImageError(f"module does not compile: {_first_line(exc)}") from None
         if path is not None:
-            tmp = path.with_suffix(".tmp")
+            # A name of this writer's own: other processes may share the cache directory.
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_bytes(compiled.serialize())
             tmp.replace(path)
         return compiled

@@ -112,3 +112,41 @@ def test_ten_moves_at_once_all_complete(cluster: ControlPlane, image: str) -> No
         after = state(cluster, n)
         assert after["requests"] == before[n]["requests"] + 1 and after["restored_calls"] == 1
     cluster.kubectl("delete", "pod", *names, "--wait=false")
+
+
+def test_drain_of_fifty_pods_while_a_node_joins(cluster: ControlPlane, image: str) -> None:
+    """kubectl drain of a node with 50 pods while another node is being added: every pod
+    moves (new uid, off the node) with its state, the drain completes."""
+    from tests.conftest import sim_command, start
+    names = [f"fifty-{i}" for i in range(50)]
+    docs = [yaml.safe_load(counter_pod(n, "sim-1", image)) for n in names]
+    for d in docs:  # no ticks: fifty pods ticking every 100 ms would only add noise
+        d["metadata"]["annotations"].pop("kube32.io/tick-interval")
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+    def all_ready() -> list[dict] | None:
+        items = [p for p in get_json(cluster, "pods")["items"] if p["metadata"]["name"] in names]
+        ok = [p for p in items if (p["status"].get("containerStatuses") or [{}])[0].get("ready")]
+        return items if len(ok) == len(names) else None
+    pods = wait_for(all_ready, 120, interval=0.5, what="fifty pods ready")
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    before = {n: state(cluster, n)["requests"] for n in names}
+    joiner = start(sim_command("worker", "--kubeconfig", str(cluster.data_dir / "node.kubeconfig"),
+                               "--name", "joiner", "--address", "127.0.0.9", "--interp-mops", "100"),
+                   cluster.data_dir / "joiner.log")
+    try:
+        out = cluster.kubectl("drain", "sim-1", "--ignore-daemonsets", "--force", "--timeout=300s", timeout=330)
+        assert "node/sim-1 drained" in out.stdout, out.stdout + out.stderr
+        after = {p["metadata"]["name"]: p for p in get_json(cluster, "pods")["items"] if p["metadata"]["name"] in names}
+        assert set(after) == set(names), "no pod lost"
+        for n, p in after.items():
+            assert p["spec"]["nodeName"] != "sim-1" and p["metadata"]["uid"] != uids[n], n
+        for n in names:
+            s = wait_for(lambda: state(cluster, n), 15, what=f"{n} answering")
+            assert s["requests"] == before[n] + 1 and s["restored_calls"] == 1, (n, s)
+        assert get_json(cluster, "node", "joiner")["metadata"]["name"] == "joiner"
+    finally:
+        cluster.kubectl("uncordon", "sim-1")
+        cluster.kubectl("delete", "pod", *names, "--wait=false")
+        joiner.stop()
+        cluster.kubectl("delete", "node", "joiner", "--wait=false", check=False)
