@@ -106,6 +106,11 @@ def test_ten_moves_at_once_all_complete(cluster: ControlPlane, image: str) -> No
     done = wait_for(lambda: (p := phases()) and all(v in ("Completed", "Failed") for v in p.values())
                     and len(p) == 10 and p, 120, interval=0.5, what="ten moves to finish")
     assert set(done.values()) == {"Completed"}, done
+    windows = sorted((c["status"]["snapshotStartMs"], c["status"]["snapshotEndMs"])
+                     for c in get_json(cluster, "checkpoints")["items"] if c["metadata"]["name"].endswith("-move"))
+    assert len(windows) == 10
+    for (_, end), (start, _) in zip(windows, windows[1:]):
+        assert end <= start, f"two snapshots at once: {windows}"   # one snapshot at a time
     for n in names:
         pod = running(cluster, n)
         assert pod["spec"]["nodeName"] == "sim-2"
