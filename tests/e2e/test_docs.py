@@ -1,6 +1,6 @@
 """Every command the user docs show runs, against one real ``kube32-sim up`` cluster.
 
-How the docs mark their commands (every fenced ``sh`` block in the pages below
+How the docs mark their commands (every fenced ``sh`` block in the pages below, the README included,
 carries exactly one marker on the line before it):
 
 - ``<!-- test: up -->``: the block that starts the cluster (``kube32-sim up ...``).
@@ -39,7 +39,8 @@ import pytest
 from tests.conftest import ROOT, wait_for
 
 DOCS = ROOT / "docs"
-PAGES = ["getting-started.md", "writing-pods.md", "moving-pods.md", "reference.md", "architecture.md"]
+PAGES = ["getting-started.md", "writing-pods.md", "moving-pods.md", "reference.md", "architecture.md",
+         "../README.md"]
 PLACEHOLDER = "/tmp/kube32"
 FAST = ["--lease-interval", "1", "--node-monitor-grace-period", "4s", "--pod-eviction-timeout", "1s",
         "--backoff", "1"]
