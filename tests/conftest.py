@@ -91,7 +91,7 @@ class ControlPlane:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def client(self):
-        from kubernetes import client, config
+        from kubernetes import config
         return config.new_client_from_config(str(self.kubeconfig))
 
 

@@ -19,7 +19,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import secrets

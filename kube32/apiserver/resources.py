@@ -7,7 +7,7 @@ is one line here plus its strategy.  Storage keys are
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .strategies.apps import (DaemonSetStrategy, DeploymentStrategy,
                               PodDisruptionBudgetStrategy, ReplicaSetStrategy)

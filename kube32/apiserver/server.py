@@ -31,7 +31,7 @@ from aiohttp import web
 from ..store import Store
 from . import (authz, bodies, discovery, errors, eventbus, images, meta, nodecredentials, rbac,
                serviceaccounts, tables)
-from .auth import PUBLIC_PATHS, TokenAuthenticator, User
+from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .eviction import EvictionHandler
 from .proxy import KubeletProxy, kubelet_base, ready_pods
 from .registry import PATCH_APPLY, PATCH_TYPES, Registry
@@ -235,7 +235,7 @@ class APIServer:
                 return await self.create(request, t)
             if m == "DELETE":
                 return await self.delete_collection(request, t)
-            raise errors.method_not_allowed(f"the server does not allow this method on the requested resource")
+            raise errors.method_not_allowed("the server does not allow this method on the requested resource")
         handler = self.sub_handlers.get((t.res.plural, t.sub or "", m))
         if handler is not None:
             return await handler(request, t)

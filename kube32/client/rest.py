@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import ssl
-import tempfile
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -201,8 +200,17 @@ class Client:
             params["resourceVersion"] = resource_version
         if timeout_seconds:
             params["timeoutSeconds"] = str(timeout_seconds)
+        async for line in self.stream_lines(kind.path(namespace), params):
+            ev = json.loads(line)
+            if ev.get("type") == "ERROR":
+                st = ev.get("object") or {}
+                raise ApiError(int(st.get("code", 500)), st.get("reason", ""), st.get("message", ""), st)
+            yield ev["type"], ev["object"]
+
+    async def stream_lines(self, path: str, params: dict[str, str] | None = None) -> AsyncIterator[bytes]:
+        """The non-empty lines of a streamed GET (a watch, the topic bus), as they arrive."""
         try:
-            async with self.session.get(self.server + kind.path(namespace), params=params,
+            async with self.session.get(self.server + path, params=params,
                                         headers={"Accept": "application/json"}) as r:
                 if r.status >= 400:
                     raise ApiError.from_body(r.status, await r.text())
@@ -211,12 +219,7 @@ class Client:
                     buf += chunk
                     while b"\n" in buf:
                         line, buf = buf.split(b"\n", 1)
-                        if not line.strip():
-                            continue
-                        ev = json.loads(line)
-                        if ev.get("type") == "ERROR":
-                            st = ev.get("object") or {}
-                            raise ApiError(int(st.get("code", 500)), st.get("reason", ""), st.get("message", ""), st)
-                        yield ev["type"], ev["object"]
+                        if line.strip():
+                            yield line
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise ApiError(0, "ConnectionError", f"watch ended: {e}") from e
+            raise ApiError(0, "ConnectionError", f"stream ended: {e}") from e

@@ -335,17 +335,9 @@ class Kubelet:
         backoff = 0.1
         while True:
             try:
-                async with self.client.request("GET", "/apis/kube32.io/v1/topicevents",
-                                               params={"watch": "true"}) as r:
-                    if r.status != 200:
-                        raise ApiError.from_body(r.status, await r.text())
-                    buf = b""
-                    async for chunk in r.content.iter_any():
-                        buf += chunk
-                        while b"\n" in buf:
-                            line, buf = buf.split(b"\n", 1)
-                            self._on_topic_line(line)
-                            backoff = 0.1
+                async for line in self.client.stream_lines("/apis/kube32.io/v1/topicevents", {"watch": "true"}):
+                    self._on_topic_line(line)
+                    backoff = 0.1
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - reconnect after any failure

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import signal
-import time
 from typing import Iterator
 
 import pytest

@@ -30,7 +30,7 @@ import yaml
 
 from kube32.client import Client
 from tests.conftest import ROOT, ControlPlane, Proc, sim_command, start, wait_for
-from tests.e2e.helpers import cli, get_json, push, raw
+from tests.e2e.helpers import cli, get_json, push
 from tests.e2e.test_moves import api_call, counter_pod, running, state
 
 COUNTER = ROOT / "examples" / "pods" / "counter.wasm"

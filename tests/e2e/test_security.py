@@ -16,7 +16,6 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Iterator
 
 import pytest

@@ -122,7 +122,7 @@ def test_deployment_rollout_scale_and_self_healing(cp: ControlPlane) -> None:
         assert p["metadata"]["labels"] == {"app": "web", "pod-template-hash": h}
 
     # kubectl rollout status waits until the pods are Ready.
-    status = cp.kubectl_bg("rollout", "status", f"deployment/web", "-n", ns, "--timeout=60s")
+    status = cp.kubectl_bg("rollout", "status", "deployment/web", "-n", ns, "--timeout=60s")
     wait_for(lambda: make_ready(cp, api, ns) and all(is_ready(p) for p in live(pods_json(cp, ns))), 20,
              what="pods ready")
     out, err = status.communicate(timeout=60)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kube32.apiserver.images import ExportParseError, module_exports
-from kube32.client import NODES, PODS, ApiError, Client
+from kube32.client import NODES, PODS, Client
 from kube32.kubelet import Kubelet, KubeletOptions
 from kube32.kubelet.logs import LogBuffer, format_line
 from kube32.kubelet.podspec import ConfigError, pod_config
