@@ -75,15 +75,23 @@ def checkpoint_object(args: argparse.Namespace, action: str) -> dict[str, Any]:
             "metadata": {"name": f"{args.pod[:40]}-{suffix}-{secrets.token_hex(3)}"}, "spec": spec}
 
 
-async def follow(client: Client, ns: str, name: str, console: Console, timeout: float) -> dict[str, Any]:
-    """Print each phase as it is reached; return the final Checkpoint."""
-    last = None
+async def follow(client: Client, ns: str, name: str, console: Console, timeout: float,
+                 since: str | None = None) -> dict[str, Any]:
+    """Print each phase as it is reached; return the final Checkpoint.
+
+    The watch starts at ``since`` (the resourceVersion of the create), so every phase
+    the controller wrote is seen, however fast the move was."""
+    last = "Pending" if since else None
+    if since:
+        console.print(f"  [dim]{0:6.2f}s[/]  [bold]{'Pending':<9}[/] {PHASE_WORDS['Pending']}")
     start = time.monotonic()
     deadline = start + timeout
     while time.monotonic() < deadline:
         try:
             async for etype, ck in client.watch(CHECKPOINTS, ns, field_selector=f"metadata.name={name}",
+                                                resource_version=since,
                                                 timeout_seconds=max(1, int(deadline - time.monotonic()))):
+                since = ck["metadata"].get("resourceVersion", since)
                 phase = (ck.get("status") or {}).get("phase", "Pending")
                 if phase != last:
                     last = phase
@@ -93,6 +101,8 @@ async def follow(client: Client, ns: str, name: str, console: Console, timeout: 
         except ApiError as e:
             if e.code not in (0, 410):
                 raise
+            if e.code == 410:
+                since = None  # history compacted: go on from the current state
             await asyncio.sleep(0.2)
     raise TimeoutError(f"no outcome after {timeout:.0f} s (last phase: {last})")
 
@@ -101,8 +111,9 @@ def report(ck: dict[str, Any], console: Console) -> int:
     st = ck.get("status") or {}
     phase = st.get("phase")
     if phase == "Completed":
+        took = f"running {st['moveMillis']} ms after the freeze" if "moveMillis" in st else st.get("message", "")
         console.print(f"[bold green]moved[/] {ck['spec']['podName']} from {st.get('nodeName')} to "
-                      f"{st.get('targetNode')}: {st.get('message', '')}")
+                      f"{st.get('targetNode')}: {took}")
         return 0
     if phase == "Saved":
         console.print(f"[bold green]saved[/] {ck['spec']['podName']} on {st.get('nodeName')}: "
@@ -129,7 +140,7 @@ async def _run(args: argparse.Namespace, action: str) -> int:
         what = f"moving {ns}/{args.pod}" + (f" to {args.node}" if action == "Move" and args.node else "")
         console.print(f"{what if action == 'Move' else f'checkpointing {ns}/{args.pod}'} (checkpoint {name})")
         try:
-            final = await follow(client, ns, name, console, args.timeout)
+            final = await follow(client, ns, name, console, args.timeout, ck["metadata"]["resourceVersion"])
         except (TimeoutError, ApiError) as e:
             console.print(f"[bold red]error:[/] {e}")
             return 1

@@ -282,7 +282,7 @@ def story(c: Cluster, pod_file: Path) -> None:
 
     chapter("3. kube32-cli move: freeze, snapshot, restore on sim-2")
     out = sh_live(c, ["kube32-cli", "move", POD, "--to", "sim-2"])
-    expect("Completed" in out and "from the freeze" in out, "the move completed; its freeze-to-running time is above")
+    expect("Completed" in out and "after the freeze" in out, "the move completed; its freeze-to-running time is above")
     moved = ready_pod(c, "the counter on sim-2", accept=lambda p: p["spec"]["nodeName"] == "sim-2")
     sh(c, ["kubectl", "get", "pod", POD, "-o", "wide"], note="same name, new uid, new node")
     expect(moved["metadata"]["uid"] != first["metadata"]["uid"], "the replacement has a new uid")

@@ -31,7 +31,7 @@ def test_demo_tells_the_story_and_cleans_up() -> None:
     assert cp.returncode == 0, out + cp.stderr
     for shown in ("$ kube32-sim up --workers 2", "$ kube32-cli image push examples/pods/counter.wasm",
                   "$ kubectl get --raw /api/v1/namespaces/default/pods/counter/proxy/",
-                  "$ kube32-cli move counter --to sim-2", "Saving", "Completed", "from the freeze",
+                  "$ kube32-cli move counter --to sim-2", "Saving", "Completed", "after the freeze",
                   "$ kubectl drain sim-2 --ignore-daemonsets --force", "$ kill -9 ",
                   "$ kubectl get ckpt -o wide", "$ kubectl get events", "Restored on sim-2 from checkpoint",
                   "restored_calls is 3", "demo complete", "make demo ARGS=--keep"):

@@ -109,7 +109,7 @@ def test_counter_moves_with_its_state(cluster: ControlPlane, image: str) -> None
     out = move(cluster, "ctr", "--to", "sim-2")
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
     text = out.stdout.decode()
-    assert "Saving" in text and "Moving" in text and "Completed" in text and "from the freeze" in text
+    assert "Saving" in text and "Moving" in text and "Completed" in text and "after the freeze" in text
 
     new = running(cluster, "ctr")
     assert new["spec"]["nodeName"] == "sim-2" and new["metadata"]["uid"] != old["metadata"]["uid"]
