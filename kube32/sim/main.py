@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--lease-interval", help="seconds between Lease renewals on every node")
     up.add_argument("--backoff", help="first restart back-off in seconds on every node")
     add_control_plane_timings(up, forward=True)
+    up.add_argument("--checkpoint-space", metavar="SIZE",
+                    help="the control plane's memory for all checkpoint data (default 16Mi; e.g. 128Mi "
+                         "for 64 MiB pods)")
     return p
 
 
@@ -144,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 value = getattr(args, flag[2:].replace("-", "_"))
                 if value is not None:
                     cp_args += [flag, f"{value:g}s"]
+            if args.checkpoint_space:
+                cp_args += ["--checkpoint-space", args.checkpoint_space]
             return asyncio.run(run_up(args.data_dir, args.workers, args.port, node_args, cp_args))
     except (OSError, TokenFileError) as e:
         print(f"kube32-sim: cannot start {args.command}: {e}", file=sys.stderr)
