@@ -273,9 +273,9 @@ def test_a_call_past_the_freeze_timeout_refuses_the_move_and_the_pod_keeps_runni
     before = serve_pod(cluster, "slow", "sim-1", image)
     results: list[int] = []
     worker = threading.Thread(target=lambda: results.append(
-        api_call(cluster, "POST", "/api/v1/namespaces/default/pods/slow/proxy/work?ms=11500")[0]))
+        api_call(cluster, "POST", "/api/v1/namespaces/default/pods/slow/proxy/work?ms=15000")[0]))
     worker.start()
-    time.sleep(0.5)
+    time.sleep(2.5)  # the call is under way (even on a loaded machine) and has 12.5 s to go
     out = cli(cluster, "move", "slow", "--to", "sim-2")
     worker.join()
     assert out.returncode == 1
