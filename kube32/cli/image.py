@@ -16,17 +16,7 @@ from ..client import ApiError, Client
 
 async def _push(kubeconfig: str | None, data: bytes) -> dict:
     async with Client.from_kubeconfig(kubeconfig, user_agent="kube32-cli") as client:
-        try:
-            async with client.request("POST", "/apis/kube32.io/v1/images", data=data,
-                                      headers={"Content-Type": "application/wasm"}) as r:
-                text = await r.text()
-                if r.status >= 300:
-                    raise ApiError.from_body(r.status, text)
-                return json.loads(text)
-        except ApiError:
-            raise
-        except Exception as e:  # noqa: BLE001 - name the cause, never a traceback
-            raise ApiError(0, "ConnectionError", f"cannot reach the API server: {e}") from None
+        return await client.post_bytes("/apis/kube32.io/v1/images", data, "application/wasm")
 
 
 def push_main(argv: list[str]) -> int:

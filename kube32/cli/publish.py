@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from urllib.parse import quote
 
@@ -18,17 +17,7 @@ from ..client import ApiError, Client
 async def _publish(kubeconfig: str | None, ns: str, topic: str, payload: bytes) -> dict:
     async with Client.from_kubeconfig(kubeconfig, user_agent="kube32-cli") as client:
         path = f"/apis/kube32.io/v1/namespaces/{quote(ns, safe='')}/topics/{quote(topic, safe='')}"
-        try:
-            async with client.request("POST", path, data=payload, params={"source": "user"},
-                                      headers={"Content-Type": "application/octet-stream"}) as r:
-                text = await r.text()
-                if r.status >= 300:
-                    raise ApiError.from_body(r.status, text)
-                return json.loads(text)
-        except ApiError:
-            raise
-        except Exception as e:  # noqa: BLE001 - name the cause, never a traceback
-            raise ApiError(0, "ConnectionError", f"cannot reach the API server: {e}") from None
+        return await client.post_bytes(path, payload, "application/octet-stream", {"source": "user"})
 
 
 def publish_main(argv: list[str]) -> int:

@@ -110,6 +110,19 @@ class Client:
         """A raw request (an aiohttp context manager); the caller streams the body."""
         return self.session.request(method, self.server + path, **kw)
 
+    async def post_bytes(self, path: str, data: bytes, content_type: str,
+                         params: dict[str, str] | None = None) -> Obj:
+        """POST raw bytes (a module, an event payload) and decode the JSON answer."""
+        try:
+            async with self.session.post(self.server + path, data=data, params=params,
+                                         headers={"Content-Type": content_type}) as r:
+                text = await r.text()
+                if r.status >= 300:
+                    raise ApiError.from_body(r.status, text)
+                return json.loads(text)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise ApiError(0, "ConnectionError", f"cannot reach the API server: {e}") from None
+
     async def _json(self, method: str, path: str, *, params: dict | None = None,
                     body: Any = None, content_type: str = "application/json",
                     timeout: float | None = 30) -> Obj:
