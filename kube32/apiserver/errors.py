@@ -52,6 +52,14 @@ def not_found(plural: str, name: str, group: str = "") -> APIError:
                     details=_details(plural, name, group))
 
 
+NO_RESOURCE = "the server could not find the requested resource"
+
+
+def no_such_path() -> APIError:
+    """A URL that names no resource (kubectl prints this text for unknown paths)."""
+    return APIError(404, "NotFound", NO_RESOURCE)
+
+
 def already_exists(plural: str, name: str, group: str = "") -> APIError:
     return APIError(409, "AlreadyExists", f'{qualified(plural, group)} "{name}" already exists',
                     details=_details(plural, name, group))

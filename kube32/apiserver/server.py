@@ -122,7 +122,7 @@ class APIServer:
         except web.HTTPException as e:
             if e.status >= 400:
                 reason = {404: "NotFound", 405: "MethodNotAllowed", 413: "RequestEntityTooLarge"}.get(e.status, "BadRequest")
-                msg = "the server could not find the requested resource" if e.status == 404 else e.reason
+                msg = errors.NO_RESOURCE if e.status == 404 else e.reason
                 return json_response(errors.APIError(e.status, reason, msg).status(), e.status)
             raise
         except (asyncio.CancelledError, ConnectionResetError):
@@ -165,7 +165,7 @@ class APIServer:
     async def api_group(self, request: web.Request) -> web.Response:
         doc = discovery.api_group(request.match_info["group"])
         if doc is None:
-            raise errors.APIError(404, "NotFound", "the server could not find the requested resource")
+            raise errors.no_such_path()
         return json_response(doc)
 
     async def group_version_root(self, request: web.Request) -> web.Response:
@@ -173,7 +173,7 @@ class APIServer:
         gv = f"{group}/{request.match_info['version']}" if group else "v1"
         doc = discovery.api_resource_list(gv)
         if doc is None or request.method != "GET":
-            raise errors.APIError(404, "NotFound", "the server could not find the requested resource")
+            raise errors.no_such_path()
         return json_response(doc)
 
     async def openapi_root(self, request: web.Request) -> web.Response:
@@ -182,7 +182,7 @@ class APIServer:
     async def openapi_doc(self, request: web.Request) -> web.Response:
         doc = discovery.openapi_gv_document(request.match_info["path"])
         if doc is None:
-            raise errors.APIError(404, "NotFound", "the server could not find the requested resource")
+            raise errors.no_such_path()
         return json_response(doc)
 
     async def token_review(self, request: web.Request) -> web.Response:
@@ -203,7 +203,7 @@ class APIServer:
         group = request.match_info.get("group", "")
         version = request.match_info.get("version", "v1")
         segs = request.match_info["tail"].split("/") if request.match_info["tail"] else []
-        nf = errors.APIError(404, "NotFound", "the server could not find the requested resource")
+        nf = errors.no_such_path()
         if not segs or not segs[0]:
             raise nf
         ns = None
