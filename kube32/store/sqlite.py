@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 
 from .base import (
     DELETE,
@@ -345,32 +346,39 @@ class SQLiteStore:
 
     def _append(self, kv: KeyValue, *, prev_revision: int, deleted: bool) -> None:
         """Write one log row and point (or stop pointing) `current` at it, atomically."""
+        with self._transaction(f"write key {kv.key!r}") as db:
+            db.execute(
+                "INSERT INTO log(revision, key, value, create_revision, prev_revision, deleted)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (kv.mod_revision, kv.key, kv.value, kv.create_revision, prev_revision,
+                 int(deleted)),
+            )
+            if deleted:
+                db.execute("DELETE FROM current WHERE key = ?", (kv.key,))
+            else:
+                db.execute(
+                    "INSERT INTO current(key, revision) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET revision = excluded.revision",
+                    (kv.key, kv.mod_revision),
+                )
+        self._revision = kv.mod_revision
+
+    @contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """BEGIN ... COMMIT, rolled back on any error; SQLite's errors become StoreError
+        naming ``what`` failed."""
         db = self._db
         try:
             db.execute("BEGIN")
             try:
-                db.execute(
-                    "INSERT INTO log(revision, key, value, create_revision, prev_revision, deleted)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (kv.mod_revision, kv.key, kv.value, kv.create_revision, prev_revision,
-                     int(deleted)),
-                )
-                if deleted:
-                    db.execute("DELETE FROM current WHERE key = ?", (kv.key,))
-                else:
-                    db.execute(
-                        "INSERT INTO current(key, revision) VALUES (?, ?) "
-                        "ON CONFLICT(key) DO UPDATE SET revision = excluded.revision",
-                        (kv.key, kv.mod_revision),
-                    )
+                yield db
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as err:
-            raise StoreError(f"cannot write key {kv.key!r}: {err}") from err
-        self._revision = kv.mod_revision
+            raise StoreError(f"cannot {what}: {err}") from err
 
     def _publish(self, event: WatchEvent) -> None:
         lagged: list[_Watcher] = []
@@ -414,34 +422,24 @@ class SQLiteStore:
             self._compact(revision)
 
     def _compact(self, revision: int) -> None:
-        db = self._db
         low = self._compacted
-        try:
-            db.execute("BEGIN")
-            try:
-                # Every row superseded by a row in (low, revision] is named by its
-                # prev_revision; rows superseded earlier went in earlier compactions.
-                db.execute(
-                    "DELETE FROM log WHERE revision IN (SELECT prev_revision FROM log "
-                    "WHERE revision > ? AND revision <= ? AND prev_revision > 0)",
-                    (low, revision),
-                )
-                db.execute(
-                    "DELETE FROM log WHERE revision > ? AND revision <= ? AND deleted = 1",
-                    (low, revision),
-                )
-                db.execute(
-                    "INSERT INTO meta(name, value) VALUES ('compacted_revision', ?) "
-                    "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
-                    (revision,),
-                )
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as err:
-            raise StoreError(f"cannot compact to revision {revision}: {err}") from err
+        with self._transaction(f"compact to revision {revision}") as db:
+            # Every row superseded by a row in (low, revision] is named by its
+            # prev_revision; rows superseded earlier went in earlier compactions.
+            db.execute(
+                "DELETE FROM log WHERE revision IN (SELECT prev_revision FROM log "
+                "WHERE revision > ? AND revision <= ? AND prev_revision > 0)",
+                (low, revision),
+            )
+            db.execute(
+                "DELETE FROM log WHERE revision > ? AND revision <= ? AND deleted = 1",
+                (low, revision),
+            )
+            db.execute(
+                "INSERT INTO meta(name, value) VALUES ('compacted_revision', ?) "
+                "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+                (revision,),
+            )
         self._compacted = revision
 
     # --- watch -------------------------------------------------------------
