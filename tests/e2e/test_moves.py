@@ -363,3 +363,17 @@ def test_finished_checkpoints_go_after_the_retention_unless_a_pod_names_them(clu
              20, what="the unreferenced checkpoint to go")
     assert saved in {c["metadata"]["name"] for c in get_json(cluster, "checkpoints")["items"]}
     cluster.kubectl("delete", "pod", "pinned", "kept", "--wait=false")
+
+
+def test_a_never_pod_is_never_checkpointed(cluster: ControlPlane, image: str) -> None:
+    """A Save Checkpoint of a pod that opts out fails with the blocker and CheckpointFailed."""
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("nosave", "sim-1", image,
+                                                          annotations={"kube32.io/migration": "Never"}))
+    running(cluster, "nosave")
+    out = cli(cluster, "checkpoint", "nosave")
+    assert out.returncode == 1 and "- annotation kube32.io/migration: Never" in out.stdout.decode()
+    ck = checkpoint_named(cluster, "nosave", "Failed")
+    assert ck["spec"]["action"] == "Save" and ck["status"]["blockers"] == ["annotation kube32.io/migration: Never"]
+    events = cluster.kubectl("get", "events", "--field-selector", "involvedObject.name=nosave,reason=CheckpointFailed").stdout
+    assert "annotation kube32.io/migration: Never" in events
+    cluster.kubectl("delete", "pod", "nosave", "--wait=false")
