@@ -30,8 +30,10 @@ def test_the_api_server_pulls_a_snapshot_from_the_node(sim_cluster: ControlPlane
     cluster.kubectl("apply", "-f", "-", input=counter_pod("pullme", "sim-1", image))
     running(cluster, "pullme")
     before = state(cluster, "pullme")
+    # A Checkpoint the controller leaves alone (its pod does not exist), so the only
+    # snapshot stored is the one this test pulls.
     cluster.kubectl("apply", "-f", "-", input="apiVersion: kube32.io/v1\nkind: Checkpoint\n"
-                    "metadata: {name: pulled}\nspec: {podName: pullme}\n")
+                    "metadata: {name: pulled}\nspec: {podName: no-such-pod}\n")
     try:
         pull = {"fromNode": "sim-1", "pod": "pullme", "container": "main", "leave": "running"}
         status, headers, body = call(cluster, "PUT", f"{CK}/data", pull)
