@@ -31,15 +31,17 @@ Invariants:
 """
 from __future__ import annotations
 
+import mmap
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import aiohttp
 from aiohttp import web
 
 from ..snapshot import SnapshotError, SnapshotReader
+from ..snapshot.parallel import prefault
 from . import authz, errors
 from .proxy import kubelet_base
 from .resources import Resource
@@ -64,9 +66,22 @@ SIM_CAPACITY = 16 * 1024 * 1024
 BOARD_CAPACITY = 256 * 1024
 
 
+Buffer = Union[bytearray, mmap.mmap]
+CHECK_STEP = 1 << 20  # bytes handed to the snapshot reader at a time
+
+
+def _fresh_buffer(size: int) -> Buffer:
+    """Room for one snapshot.  A private anonymous mapping, not a bytearray: a
+    bytearray is zeroed (every page faulted in) before the first byte arrives,
+    where these pages are faulted in by `prefault` beside the transfer."""
+    if size < 1 << 20:
+        return bytearray(size)
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+
+
 @dataclass(frozen=True)
 class Stored:
-    data: bytearray
+    data: Buffer
     name: str
 
 
@@ -100,11 +115,11 @@ class CheckpointDataSpace:
     def release(self, size: int) -> None:
         self._reserved -= size
 
-    def commit(self, uid: str, name: str, data: bytearray) -> None:
+    def commit(self, uid: str, name: str, data: Buffer) -> None:
         self._reserved -= len(data)
         self._items[uid] = Stored(data, name)
 
-    def get(self, uid: str) -> bytearray | None:
+    def get(self, uid: str) -> Buffer | None:
         s = self._items.get(uid)
         return s.data if s else None
 
@@ -230,11 +245,12 @@ class CheckpointDataAPI:
         return web.json_response(out, headers=passed)
 
     @staticmethod
-    async def _receive(stream: Any, size: int) -> tuple[bytearray, Any]:
-        buf = bytearray(size)
+    async def _receive(stream: Any, size: int) -> tuple[Buffer, Any]:
+        buf = _fresh_buffer(size)
         view = memoryview(buf)
+        prefaulting = prefault(view)
         reader = SnapshotReader(total_size=size)
-        pos = 0
+        pos = checked = 0
         try:
             # iter_any: each piece as it arrived, never joined into a bigger copy first.
             async for chunk in stream.iter_any():
@@ -242,11 +258,19 @@ class CheckpointDataAPI:
                 if pos + n > size:
                     raise errors.bad_request("the body is longer than its Content-Length")
                 view[pos: pos + n] = chunk
-                reader.feed(chunk)
                 pos += n
+                if pos - checked >= CHECK_STEP or pos == size:
+                    if pos == size:
+                        await reader.settled()  # so the trailer's check does not wait on the hash
+                    # The buffer is written once: the reader's hash reads it in place, on its thread.
+                    reader.feed(view[checked: pos], stable=True)
+                    checked = pos
             if pos < size:
                 raise SnapshotError("the snapshot ends before its trailer (truncated)", "truncated")
             snap = reader.finish()
         except SnapshotError as e:
             raise errors.APIError(422, "Invalid", f"the snapshot is not valid: {e}") from None
+        finally:
+            if prefaulting is not None:
+                prefaulting.set()
         return buf, snap

@@ -13,7 +13,12 @@ Design:
   small sections and a scratch buffer of a few hundred bytes (64 KiB when it
   skips memory without a target, or drains a broken snapshot).
 - The hash runs 32 bytes behind the stream (`_TailHash`): at any point it is
-  the SHA-256 of everything but the last 32 bytes seen.  So when the stream
+  the SHA-256 of everything but the last 32 bytes seen.  For a large memory
+  it runs on a thread of its own (`parallel.HashBehind`), on the bytes
+  already in the destination memory, while the next ones arrive; a second
+  thread faults the destination's pages in ahead of the stream
+  (`parallel.prefault`).  Both change nothing the reader decides, only when
+  the work is done.  So when the stream
   ends where the structure says it should not, the reader can still tell a
   snapshot whose trailer matches (written inconsistently: cause "section"…)
   from damaged bytes (cause "trailer") and from a cut stream ("truncated").
@@ -36,12 +41,12 @@ tells the caller when the memory target already holds snapshot bytes.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
+from .parallel import HashBehind, prefault
 from .format import (
     HEADER_SIZE, MAGIC, MAX_PAGES, PAGE_SIZE, SECTION_CHANNELS, SECTION_EVENTS, SECTION_GLOBALS,
     SECTION_HEAD_SIZE, SECTION_HEAD_STRUCT, SECTION_MEMORY, SECTION_TABLE, TRAILER_SIZE, VERSION,
@@ -52,7 +57,8 @@ from .format import (
 
 SMALL_SCRATCH = 512
 BULK_SCRATCH = 64 << 10
-MEMORY_CHUNK = 1 << 20  # one recv_into at most, so the hash runs on cache-warm bytes
+MEMORY_CHUNK = 1 << 20  # one recv_into at most
+HASH_STEP = 1 << 20  # memory goes to the hash in pieces this large: one hand-over per MiB, not per recv
 MAX_SMALL_SECTION = 16 << 20  # a damaged length must not make us buffer gigabytes
 
 TRUNCATED = "the snapshot ends before its trailer (truncated)"
@@ -85,15 +91,16 @@ class _TailHash:
     """SHA-256 of everything but the last 32 bytes seen, and those bytes."""
 
     def __init__(self) -> None:
-        self._hash = hashlib.sha256()
+        self._hash = HashBehind()
         self._tail = b""
 
-    def update(self, view: memoryview) -> None:
+    def update(self, view: memoryview, stable: bool) -> None:
+        """`stable`: the bytes under `view` are never written again (HashBehind)."""
         n = len(view)
         if n >= TRAILER_SIZE:
             if self._tail:
                 self._hash.update(self._tail)
-            self._hash.update(view[: n - TRAILER_SIZE])
+            self._hash.update(view[: n - TRAILER_SIZE], stable=stable)
             self._tail = bytes(view[n - TRAILER_SIZE:])
         else:
             joined = self._tail + bytes(view)
@@ -111,6 +118,12 @@ class _TailHash:
 
     def digest(self) -> bytes:
         return self._hash.digest()
+
+    async def settled(self) -> None:
+        await self._hash.settled()
+
+    def close(self) -> None:
+        self._hash.close()
 
 
 class SnapshotReader:
@@ -137,7 +150,9 @@ class SnapshotReader:
         self._bulk_scratch: bytearray | None = None
         self.header: Header | None = None
         self._memory: memoryview | None = None
+        self._prefault: Any = None  # threading.Event that stops the prefault thread
         self._memory_offset = 0
+        self._memory_hashed = 0  # memory[:_memory_hashed] is with the hash
         self._memory_seen = False
         self._memory_written = False
         self._section_type = 0
@@ -166,44 +181,59 @@ class SnapshotReader:
             receive = _readinto_from_read(src)
         while self._stage is not _Stage.DONE:
             target = self._want()
+            into_memory = self._stage is _Stage.MEMORY
             try:
                 n = receive(target)
             except Exception as err:  # reset, timeout: the stream ended early
                 self._stream_broke(err)
             if not n:
                 return self._end()
-            self._got(target[:n])
+            self._got(target[:n], stable=into_memory)
         return self._end()
 
     async def read_async(self, stream: Any) -> Snapshot:
         """asyncio or aiohttp StreamReader: `.read(n)` chunks copied into place."""
         while self._stage is not _Stage.DONE:
+            if self._stage is _Stage.TRAILER:
+                await self.settled()  # the trailer's check must not block the loop on the hash
             target = self._want()
             try:
                 data = await stream.read(len(target))
             except Exception as err:  # aiohttp ClientPayloadError, reset, timeout
                 self._stream_broke(err)
             if not data:
+                await self.settled()
                 return self._end()
             n = len(data)
-            target[:n] = data
-            self._got(target[:n])
+            if self._stage is _Stage.MEMORY:
+                target[:n] = data
+                self._got(target[:n], stable=True)
+            else:  # the scratch buffer is not needed: judge the chunk itself
+                self._got(memoryview(data), stable=isinstance(data, bytes))
         return self._end()
 
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Push style: any chunking.  Raises as soon as a refusal is certain."""
+    async def settled(self) -> None:
+        """Wait, without blocking an event loop, for the hash to catch up with
+        the bytes given so far: call it before the last `feed` or `finish`."""
+        await self._hash.settled()
+
+    def feed(self, data: bytes | bytearray | memoryview, *, stable: bool | None = None) -> None:
+        """Push style: any chunking.  Raises as soon as a refusal is certain.
+        `stable`: the caller never writes these bytes again (default: only for
+        `bytes`), so the hash may read them later instead of a copy."""
         view = _as_bytes(memoryview(data))
+        immutable = isinstance(data, bytes) if stable is None else stable
         while view:
             if self._stage in (_Stage.DONE, _Stage.FAILED):
-                self._got(view)  # raises
+                self._got(view, stable=immutable)  # raises
             if self._stage in (_Stage.MEMORY,):
                 target = self._want()
                 n = min(len(target), len(view))
                 target[:n] = view[:n]
-                self._got(target[:n])
+                self._got(target[:n], stable=True)
             else:
                 n = len(view) if self._left is None else min(self._left, len(view))
-                self._got(view[:n])
+                self._got(view[:n], stable=immutable)
             view = view[n:]
 
     def finish(self) -> Snapshot:
@@ -229,8 +259,9 @@ class SnapshotReader:
             scratch = memoryview(self._small_scratch)
         return scratch if self._left is None else scratch[: min(self._left, len(scratch))]
 
-    def _got(self, view: memoryview) -> None:
-        """`view` holds the next len(view) bytes of the stream, already in place."""
+    def _got(self, view: memoryview, stable: bool) -> None:
+        """`view` holds the next len(view) bytes of the stream, already in place;
+        `stable`: they stay as they are (destination memory, `bytes`)."""
         stage = self._stage
         if stage is _Stage.FAILED:
             raise self._error  # type: ignore[misc]
@@ -239,7 +270,8 @@ class SnapshotReader:
                 "section", f"bytes follow the snapshot's trailer at offset {self._pos}", drain=False
             )
         n = len(view)
-        self._hash.update(view)
+        if stage is not _Stage.MEMORY:
+            self._hash.update(view, stable)
         self._pos += n
         if stage is _Stage.DRAIN:
             if self._left is not None:
@@ -252,10 +284,19 @@ class SnapshotReader:
         if stage is _Stage.MEMORY:
             self._memory_written = True
             self._memory_offset += n
+            if self._memory_offset - self._memory_hashed >= HASH_STEP or self._left == 0:
+                self._hash_memory()
         elif stage in (_Stage.HEADER, _Stage.SECTION_HEAD, _Stage.SMALL, _Stage.TRAILER):
             self._buf += view
         if self._left == 0:
             self._complete()
+
+    def _hash_memory(self) -> None:
+        """Hand the memory received since the last call to the hash: the bytes are
+        in the destination, contiguous and written once, so no copy is needed."""
+        if self._memory is not None and self._memory_offset > self._memory_hashed:
+            self._hash.update(self._memory[self._memory_hashed: self._memory_offset], True)
+            self._memory_hashed = self._memory_offset
 
     def _complete(self) -> None:
         stage = self._stage
@@ -335,6 +376,7 @@ class SnapshotReader:
                 f"the pod's memory holds {len(view)} bytes, below the snapshot's {h.memory_bytes} bytes of memory",
             )
         self._memory = view
+        self._prefault = prefault(view[: h.memory_bytes])
 
     def _next_section(self) -> None:
         assert self.header is not None
@@ -384,7 +426,7 @@ class SnapshotReader:
                 "memory-length",
                 f"the memory section holds {length} bytes, but the snapshot's header gives {self.header.memory_bytes}",
             )
-        self._memory_offset = 0
+        self._memory_offset = self._memory_hashed = 0
         self._enter(_Stage.MEMORY if self._memory is not None else _Stage.SKIP, length)
 
     def _on_small_section(self, body: bytes) -> None:
@@ -423,6 +465,7 @@ class SnapshotReader:
         assert self.header is not None
         self._result = Snapshot(self.header, state, trailer, tuple(self._sections))
         self._stage, self._left = _Stage.DONE, 0
+        self._release()
 
     def _state(self) -> PodState:
         h = self.header
@@ -478,6 +521,8 @@ class SnapshotReader:
     def _end(self) -> Snapshot:
         """The stream ended (EOF, or finish())."""
         stage = self._stage
+        if stage is _Stage.MEMORY:
+            self._hash_memory()
         if stage is _Stage.FAILED:
             raise self._error  # type: ignore[misc]
         if stage is _Stage.DONE:
@@ -498,17 +543,18 @@ class SnapshotReader:
 
     def _stream_broke(self, err: Exception) -> None:
         error = SnapshotError(f"{TRUNCATED}: {err or type(err).__name__}", "truncated", self._memory_written)
-        self._stage, self._error = _Stage.FAILED, error
+        self._fail(error)
         raise error from err
 
     def _fail_structure(self, cause: str, message: str, *, drain: bool = True) -> None:
         """A structural fault: stop writing memory, drain, then judge damage vs fault."""
         error = SnapshotError(message, cause, self._memory_written)
         if not drain:
-            self._stage, self._error = _Stage.FAILED, error
+            self._fail(error)
             raise error
         self._pending = error
         self._memory = None
+        self._stop_prefault()
         self._stage = _Stage.DRAIN
         self._left = None if self._total is None else self._total - self._pos
         if self._left is not None and self._left <= 0:
@@ -517,14 +563,28 @@ class SnapshotReader:
     def _judge_drained(self) -> None:
         assert self._pending is not None
         if self._hash.tail_is_trailer():
-            self._stage, self._error = _Stage.FAILED, self._pending
+            self._fail(self._pending)
             raise self._pending
         self._refuse("trailer", DAMAGED)
 
     def _refuse(self, cause: str, message: str) -> None:
         error = SnapshotError(message, cause, self._memory_written)
-        self._stage, self._error = _Stage.FAILED, error
+        self._fail(error)
         raise error
+
+    def _fail(self, error: SnapshotError) -> None:
+        self._stage, self._error = _Stage.FAILED, error
+        self._release()
+
+    def _stop_prefault(self) -> None:
+        if self._prefault is not None:
+            self._prefault.set()
+            self._prefault = None
+
+    def _release(self) -> None:
+        """The side threads end (the hash's worker once its queue is empty)."""
+        self._stop_prefault()
+        self._hash.close()
 
 
 def _as_bytes(view: memoryview) -> memoryview:

@@ -7,8 +7,9 @@ Design:
 - The memory section follows them and comes last: a reader can then judge
   every small part before it touches the destination memory.
 - Memory goes out as slices (1 MiB) of the caller's buffer, a memoryview over
-  Wasm linear memory: never copied.  Each slice is hashed just before it is
-  handed out, so hashing and the socket progress together.
+  Wasm linear memory: never copied.  Each slice is handed to the hash as it
+  is handed out; for a large memory the hash runs on a thread of its own
+  (`parallel.HashBehind`), so hashing and the socket progress side by side.
 - Sections appear in a fixed order (GLOBALS, TABLEs by position, CHANNELS,
   EVENTS, MEMORY; empty GLOBALS/CHANNELS/EVENTS omitted), which makes the
   encoding canonical: a snapshot read and written again is byte-identical.
@@ -22,6 +23,7 @@ import hashlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from .parallel import HashBehind
 from .format import (
     HEADER_SIZE, MAX_PAGES, PAGE_SIZE, SECTION_CHANNELS, SECTION_EVENTS, SECTION_GLOBALS,
     SECTION_HEAD_SIZE, SECTION_MEMORY, SECTION_TABLE, TRAILER_SIZE, VERSION, Header, PodState,
@@ -116,7 +118,7 @@ class SnapshotWriter:
         X-Kube32-Snapshot-Sha256); later writes then send without hashing again.
         Valid while the memory does not change (a frozen pod)."""
         if self.sha256 is None:
-            h = hashlib.sha256()
+            h = hashlib.sha256()  # one pass with nothing to overlap: inline
             for piece in self._body():
                 h.update(piece)
             self.sha256 = h.digest()
@@ -124,18 +126,25 @@ class SnapshotWriter:
 
     def pieces(self) -> Iterator[memoryview]:
         """The snapshot in order, trailer last.  Memory pieces are slices of
-        the caller's buffer; each is hashed before it is yielded (unless
-        :meth:`digest` already did)."""
-        known = self.sha256
-        h = None if known is not None else hashlib.sha256()
-        for piece in self._body():
-            if h is not None:
-                h.update(piece)
-            yield piece
-        if h is not None:
+        the caller's buffer; each goes to the hash as it is yielded (unless
+        :meth:`digest` already did), so the hash may lag behind the output
+        until the trailer."""
+        if self.sha256 is not None:
+            yield from self._body()
+            yield memoryview(self.sha256)
+            return
+        h = HashBehind()
+        try:
+            yield from self._hashed_body(h)
             self.sha256 = h.digest()
-        assert self.sha256 is not None
+        finally:
+            h.close()
         yield memoryview(self.sha256)
+
+    def _hashed_body(self, h: HashBehind) -> Iterator[memoryview]:
+        for piece in self._body():
+            h.update(piece, stable=True)  # header bytes, frozen memory: never rewritten
+            yield piece
 
     def write_to(self, out: Any) -> bytes:
         """Blocking: `out` has sendall() (socket) or write() (file).  Returns the trailer."""
@@ -147,9 +156,19 @@ class SnapshotWriter:
 
     async def write_async(self, write: Callable[[memoryview], Awaitable[Any]]) -> bytes:
         """`write` is an async callable such as aiohttp's `resp.write`.  Returns the trailer."""
-        for piece in self.pieces():
-            await write(piece)
-        assert self.sha256 is not None
+        if self.sha256 is None:
+            h = HashBehind()
+            try:
+                for piece in self._hashed_body(h):
+                    await write(piece)
+                await h.settled()  # the lagging hash must not block the event loop
+                self.sha256 = h.digest()
+            finally:
+                h.close()
+        else:
+            for piece in self._body():
+                await write(piece)
+        await write(memoryview(self.sha256))
         return self.sha256
 
     def to_bytes(self) -> bytes:
