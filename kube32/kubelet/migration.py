@@ -198,8 +198,11 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
         })
         resp.content_length = writer.total_size
         # The trailer is known only at the end; a frozen pod's snapshot never changes,
-        # so it is computed once per freeze (cheap next to the send) and sent up front.
-        resp.headers["X-Kube32-Snapshot-Sha256"] = await _trailer(worker, writer)
+        # so it is computed once per freeze and sent up front - unless the caller reads
+        # it from the snapshot's own trailer (sha256=trailer: the API server's pull), when
+        # the hash runs beside the send instead of a whole pass before it.
+        if request.query.get("sha256") != "trailer":
+            resp.headers["X-Kube32-Snapshot-Sha256"] = await _trailer(worker, writer)
         await resp.prepare(request)
         write = resp.write
         if "slow-snapshots" in kl.options.faults and not thaw:

@@ -4,6 +4,7 @@ counter pod."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 
 from kube32.client import Client
@@ -45,6 +46,15 @@ def test_the_api_server_pulls_a_snapshot_from_the_node(sim_cluster: ControlPlane
         status, _, data = call(cluster, "GET", f"{CK}/data")
         assert status == 200 and len(data) == st["sizeBytes"] and data[-32:].hex() == st["snapshotSha256"]
         assert state(cluster, "pullme")["requests"] == before["requests"] + 1, "left running, and answers"
+
+        # The kubelet's own answer: the digest header up front by default; with sha256=trailer
+        # (what the pull asks) none, the hash running beside the send, the trailer the same.
+        proxy = "/api/v1/nodes/sim-1/proxy/checkpoint/default/pullme/main"
+        status, headers, body = call(cluster, "POST", proxy, {"leave": "running"})
+        assert status == 200 and headers["X-Kube32-Snapshot-Sha256"] == body[-32:].hex()
+        status, headers, plain = call(cluster, "POST", proxy, {"leave": "running", "sha256": "trailer"})
+        assert status == 200 and "X-Kube32-Snapshot-Sha256" not in headers
+        assert plain[-32:] == hashlib.sha256(plain[:-32]).digest() and len(plain) == len(body)
 
         # The kubelet's refusal comes back as it answered, marked as the node's.
         status, headers, body = call(cluster, "PUT", f"{CK}/data", {**pull, "pod": "nope"})
