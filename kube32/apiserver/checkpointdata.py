@@ -255,8 +255,9 @@ class CheckpointDataAPI:
         reader = SnapshotReader(total_size=size)
         pos = checked = 0
         try:
-            # iter_any: each piece as it arrived, never joined into a bigger copy first.
-            async for chunk in stream.iter_any():
+            # readchunk: each piece as it arrived (iter_any and read(n) join the pieces
+            # they find buffered into a new bytes object first).
+            while chunk := (await stream.readchunk())[0]:
                 n = len(chunk)
                 if pos + n > size:
                     raise errors.bad_request("the body is longer than its Content-Length")

@@ -192,7 +192,10 @@ class SnapshotReader:
         return self._end()
 
     async def read_async(self, stream: Any) -> Snapshot:
-        """asyncio or aiohttp StreamReader: `.read(n)` chunks copied into place."""
+        """asyncio or aiohttp StreamReader: `.read(n)` chunks copied into place;
+        an aiohttp body (it has `readchunk`) chunk by chunk, see `_read_chunks`."""
+        if hasattr(stream, "readchunk"):
+            return await self._read_chunks(stream)
         while self._stage is not _Stage.DONE:
             if self._stage is _Stage.TRAILER:
                 await self.settled()  # the trailer's check must not block the loop on the hash
@@ -210,6 +213,29 @@ class SnapshotReader:
                 self._got(target[:n], stable=True)
             else:  # the scratch buffer is not needed: judge the chunk itself
                 self._got(memoryview(data), stable=isinstance(data, bytes))
+        return self._end()
+
+    async def _read_chunks(self, stream: Any) -> Snapshot:
+        """Each chunk as the connection delivered it: aiohttp's `read(n)` and
+        `readany()` join the chunks they find buffered into a new bytes object
+        first, `readchunk()` hands over one without a copy.  A chunk may span
+        parts: `feed` splits it, memory straight into the target."""
+        while self._stage is not _Stage.DONE:
+            try:
+                data, _ = await stream.readchunk()
+            except Exception as err:  # aiohttp ClientPayloadError, reset, timeout
+                self._stream_broke(err)
+            if not data:
+                await self.settled()
+                return self._end()
+            view = memoryview(data)
+            left = self._left
+            if self._stage is _Stage.MEMORY and left is not None and len(view) > left:
+                self.feed(view[:left], stable=True)
+                view = view[left:]
+            if self._stage is _Stage.TRAILER:
+                await self.settled()  # the trailer's check must not block the loop on the hash
+            self.feed(view, stable=True)  # bytes from the connection: never written again
         return self._end()
 
     async def settled(self) -> None:
