@@ -166,6 +166,12 @@ class CheckpointController(Controller):
             # by uid: the informer's copy will do (a moved pod's later events wake it).
             await self._retain(cached)
             return
+        if cached is not None and (_status(cached).get("phase") or "Pending") == "Pending":
+            # A new Checkpoint, as the informer saw it: no GET on the way to its snapshot.
+            # The copy may be stale (already Saving); _start's first write names its
+            # resourceVersion, so a stale copy ends in a 409 and a retry, never a second start.
+            await self._start(cached, guard=True)
+            return
         ck = await self.client.try_get(CHECKPOINTS, name, ns)
         if ck is None:
             return
@@ -179,17 +185,20 @@ class CheckpointController(Controller):
         else:
             await self._retain(ck)
 
-    async def _set_status(self, ck: Obj, **fields: Any) -> Obj:
+    async def _set_status(self, ck: Obj, guard: bool = False, **fields: Any) -> Obj:
+        """``guard``: only if ``ck`` is still current (its resourceVersion), else 409."""
         md = ck["metadata"]
-        return await self.client.patch(CHECKPOINTS, md["name"], {"status": fields}, md["namespace"],
-                                       subresource="status")
+        body: Obj = {"status": fields}
+        if guard:
+            body["metadata"] = {"resourceVersion": md["resourceVersion"]}
+        return await self.client.patch(CHECKPOINTS, md["name"], body, md["namespace"], subresource="status")
 
     async def _event(self, pod: Obj | None, type_: str, reason: str, message: str) -> None:
         if pod is not None:
             await self.recorder.record(pod, type_, reason, message)
 
     # --- Pending -> Saving -> Saved | Moving ------------------------------------------
-    async def _start(self, ck: Obj) -> None:
+    async def _start(self, ck: Obj, guard: bool = False) -> None:
         spec = ck.get("spec") or {}
         ns, action = ck["metadata"]["namespace"], spec.get("action", "Save")
         pod = await self.client.try_get(PODS, spec.get("podName", ""), ns)
@@ -207,13 +216,13 @@ class CheckpointController(Controller):
                 raise MoveError(f'pod {pod["metadata"]["name"]} is being deleted')
             target = await self._target(ck, pod) if action == "Move" else None
         except MoveError as e:
-            await self._fail(ck, pod, e, action)
+            await self._fail(ck, pod, e, action, guard=guard)
             return
         # The lock covers the snapshot's transfer only: the replacement, the status and the
         # restore of one move overlap the next one's snapshot (a drain moves pods in a row).
         # Saving is written before the lock is taken: a Saving Checkpoint is only ever looked at
         # by its own sync (running here) or, after a control plane restart, found interrupted.
-        ck = await self._set_status(ck, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"])
+        ck = await self._set_status(ck, guard, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"])
         async with self.snapshot_lock:
             leave = "running" if target is None else "frozen"
             window = [_now_ms()]
@@ -359,8 +368,9 @@ class CheckpointController(Controller):
             log.warning("cannot thaw %s/%s on %s: %s", ns, pod, node, e)
 
     async def _fail(self, ck: Obj, pod: Obj | None, e: MoveError, action: str,
-                    before_replacement: bool = True) -> None:
-        await self._set_status(ck, phase="Failed", message=e.message, blockers=e.blockers, finishedAt=rfc3339())
+                    before_replacement: bool = True, guard: bool = False) -> None:
+        await self._set_status(ck, guard, phase="Failed", message=e.message, blockers=e.blockers,
+                               finishedAt=rfc3339())
         reason = "MoveFailed" if action == "Move" else "CheckpointFailed"
         await self._event(pod, "Warning", reason, e.message)
         evicted = (ck["metadata"].get("labels") or {}).get(TRIGGER) == "eviction"
