@@ -201,7 +201,7 @@ class CheckpointController(Controller):
     async def _start(self, ck: Obj, guard: bool = False) -> None:
         spec = ck.get("spec") or {}
         ns, action = ck["metadata"]["namespace"], spec.get("action", "Save")
-        pod = await self.client.try_get(PODS, spec.get("podName", ""), ns)
+        pod = await self._pod_to_save(ns, spec.get("podName", ""))
         try:
             if pod is None:
                 raise MoveError(f'pod "{spec.get("podName")}" not found')
@@ -235,6 +235,18 @@ class CheckpointController(Controller):
         # tests see that snapshots never overlap.
         self._windows[key_of(ck)] = (window[0], window[1])
         await self._save_and_continue(ck, pod, container, source, target, taken)
+
+    async def _pod_to_save(self, ns: str, name: str) -> Obj | None:
+        """The informer's copy when it shows the pod running on a node, else a GET (a pod
+        just started may not be Running in the cache yet).  A copy that is stale the other
+        way (the pod since gone or replaced) fails at its node (404) or at the
+        replacement (uid), as a GET an instant earlier would."""
+        cached = self.pods.get(f"{ns}/{name}")
+        if cached is not None and (cached.get("spec") or {}).get("nodeName") \
+                and (cached.get("status") or {}).get("phase") == "Running" \
+                and not cached["metadata"].get("deletionTimestamp"):
+            return cached
+        return await self.client.try_get(PODS, name, ns)
 
     async def _image_exports(self, pod: Obj, container: str) -> list[str] | None:
         image = next((c.get("image", "") for c in pod["spec"]["containers"] if c.get("name") == container), "")
