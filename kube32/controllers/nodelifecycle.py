@@ -138,9 +138,14 @@ class NodeLifecycle(Controller):
             self.queue.add(md.get("name", ""))
 
     def _on_pod(self, etype: str, pod: Obj, _o: Obj | None) -> None:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if etype != "DELETED" and node:
-            self.queue.add(node)
+        """A pod matters here only on a node with NoExecute taints (its evictions); the
+        node's own events bring the taints, and its sync looks at every pod then."""
+        name = (pod.get("spec") or {}).get("nodeName")
+        if etype == "DELETED" or not name:
+            return
+        node = self.nodes.get(name)
+        if node is None or any(t.get("effect") == "NoExecute" for t in (node.get("spec") or {}).get("taints") or []):
+            self.queue.add(name)
 
     async def run(self) -> None:
         await asyncio.gather(super().run(), self._monitor())

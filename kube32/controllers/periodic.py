@@ -58,9 +58,17 @@ class PeriodicCheckpoints(Controller):
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
 
     def setup(self) -> None:
-        self.pods.add_handler(lambda t, pod, old: self._enqueue(pod["metadata"].get("namespace", ""),
-                                                                 pod["metadata"]["name"]))
+        self.pods.add_handler(self._on_pod)
         self.checkpoints.add_handler(self._on_checkpoint)
+
+    def _on_pod(self, etype: str, pod: Obj, old: Obj | None) -> None:
+        """Only pods that ask for periodic checkpoints or restore from one (or did, or are
+        gone: checkpoints may have to go): every other pod event is none of this controller's
+        business, and a drain or a status storm makes thousands of them."""
+        asked = any(k in ((o or {}).get("metadata", {}).get("annotations") or {})
+                    for o in (pod, old) for k in (movability.CHECKPOINT_INTERVAL, movability.RESTORE_FROM))
+        if asked or etype == "DELETED":
+            self._enqueue(pod["metadata"].get("namespace", ""), pod["metadata"]["name"])
 
     def _on_checkpoint(self, etype: str, ck: Obj, old: Obj | None) -> None:
         if (ck["metadata"].get("labels") or {}).get(movability.TRIGGER) == "periodic":
@@ -79,7 +87,8 @@ class PeriodicCheckpoints(Controller):
         ns = ns or "default"
         pod = self.pods.get(f"{ns}/{name}")
         mine = _periodic_of(self.checkpoints.list(), ns, name)
-        await self._retain(pod, ns, name, mine)
+        if mine:
+            await self._retain(pod, ns, name, mine)
         if pod is None:
             return
         interval = self._interval(pod)
@@ -121,8 +130,6 @@ class PeriodicCheckpoints(Controller):
     async def _retain(self, pod: Obj | None, ns: str, name: str, mine: list[Obj]) -> None:
         """Keep the latest Saved, those under way, the newest failure after it (so users
         see why) and any a pod's restore-from names; the rest go (all, with the pod)."""
-        named = {(p["metadata"].get("annotations") or {}).get(movability.RESTORE_FROM)
-                 for p in self.pods.list() if p["metadata"].get("namespace") == ns}
         keep: set[str] = set()
         if pod is not None:
             latest = latest_periodic(mine, ns, name)
@@ -131,8 +138,13 @@ class PeriodicCheckpoints(Controller):
                              and _created(c) > since), key=_created)
             keep = {c["metadata"]["name"] for c in mine if (c.get("status") or {}).get("phase") in IN_PROGRESS}
             keep |= {c["metadata"]["name"] for c in ([latest] if latest else []) + failed[-1:]}
-        for ck in mine:
-            if ck["metadata"]["name"] in keep or ck["metadata"]["name"] in named:
+        doomed = [ck for ck in mine if ck["metadata"]["name"] not in keep]
+        if not doomed:
+            return
+        named = {(p["metadata"].get("annotations") or {}).get(movability.RESTORE_FROM)
+                 for p in self.pods.list() if p["metadata"].get("namespace") == ns}
+        for ck in doomed:
+            if ck["metadata"]["name"] in named:
                 continue
             try:
                 await self.client.delete(CHECKPOINTS, ck["metadata"]["name"], ns, uid=ck["metadata"]["uid"])
