@@ -113,6 +113,9 @@ def eviction_deadline(pod: Obj, taints: list[Obj], default_seconds: float, now: 
     return deadline
 
 
+POD_EVENT_BATCH_SECONDS = 0.2
+
+
 class NodeLifecycle(Controller):
     name = "node-controller"
     workers = 2
@@ -145,7 +148,9 @@ class NodeLifecycle(Controller):
             return
         node = self.nodes.get(name)
         if node is None or any(t.get("effect") == "NoExecute" for t in (node.get("spec") or {}).get("taints") or []):
-            self.queue.add(name)
+            # Batched: each sync looks at every pod, and a storm of pod events (a lost
+            # node's thousand pods being marked) must not make it one sync per event.
+            self.queue.add_after(name, POD_EVENT_BATCH_SECONDS)
 
     async def run(self) -> None:
         await asyncio.gather(super().run(), self._monitor())
