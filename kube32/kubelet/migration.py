@@ -268,12 +268,25 @@ async def thaw_forgotten(kl: "Kubelet") -> None:
 async def restore(kl: "Kubelet", instance: Pod, namespace: str, checkpoint_name: str) -> None:
     """Stream the Checkpoint's data into ``instance`` and finish the restore."""
     path = CHECKPOINTS.path(namespace, checkpoint_name, "data")
+    # The instance is made on a thread while the data's request goes out: its round trip
+    # through the API server overlaps the instantiation.
+    prepared = asyncio.ensure_future(asyncio.to_thread(instance.prepare_restore))
     try:
-        reader = await asyncio.to_thread(instance.prepare_restore)
-    except PodError as e:
-        raise RestoreError(str(e)) from None
+        await _read_and_finish(kl, instance, path, checkpoint_name, prepared)
+    finally:
+        await asyncio.wait([prepared])  # never hand back an instance still being made
+        if not prepared.cancelled():
+            prepared.exception()  # seen: reported above, or superseded by the request's failure
+
+
+async def _read_and_finish(kl: "Kubelet", instance: Pod, path: str, checkpoint_name: str,
+                           prepared: "asyncio.Future[Any]") -> None:
     try:
         async with kl.client.request("GET", path, timeout=aiohttp.ClientTimeout(total=None, sock_read=60)) as r:
+            try:
+                reader = await prepared
+            except PodError as e:
+                raise RestoreError(str(e)) from None
             if r.status == 404:
                 raise RestoreError(f"checkpoint {checkpoint_name} has no data (lost with a control plane "
                                    "restart, or dropped to make room)")
