@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-import aiohttp
 
 from kube32.client import NODES, PODS, Client
 
