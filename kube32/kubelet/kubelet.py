@@ -31,6 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..aio import wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
 from ..wasm import ChannelRegistry, Pod, Runtime
 from ..wasm.abi import MAX_HELD_EVENTS
@@ -205,11 +206,8 @@ class Kubelet:
             except ApiError as e:
                 log.warning("cannot report node status: %s", e)
             self._node_dirty.clear()
-            try:
-                await asyncio.wait_for(self._node_dirty.wait(), self.options.status_interval)
+            if await wait_set(self._node_dirty, self.options.status_interval):
                 await asyncio.sleep(0.2)   # coalesce a burst of changes into one write
-            except TimeoutError:
-                pass
 
     async def _lease_loop(self) -> None:
         name = self.options.node_name

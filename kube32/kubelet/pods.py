@@ -27,6 +27,7 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..aio import wait_set
 from ..client import PODS, ApiError
 from ..movability import RESTORE_FROM
 from ..wasm import ImageError, Pod, PodError
@@ -294,10 +295,7 @@ class PodWorker:
         while True:
             # Also look once a second: a freeze or thaw by code that did not call the
             # hook still shows in Ready within about a second.
-            try:
-                await asyncio.wait_for(self._dirty.wait(), 1.0)
-            except TimeoutError:
-                pass
+            await wait_set(self._dirty, 1.0)
             self._dirty.clear()
             status = self.status()
             if status == self._written:

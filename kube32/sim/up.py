@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..aio import wait_set
 from ..client import NODES, ApiError, Client
 
 READY_TIMEOUT = 120.0
@@ -119,10 +120,7 @@ async def run_up(data_dir: Path, workers: int, port: int, node_args: list[str],
                 if proc.returncode is not None:
                     print(f"kube32-sim up: worker {name} exited with code {proc.returncode}", flush=True)
                     children.pop(name)
-            try:
-                await asyncio.wait_for(stop.wait(), 0.5)
-            except TimeoutError:
-                pass
+            await wait_set(stop, 0.5)
         print("kube32 cluster stopping", flush=True)
         return 0
     finally:
