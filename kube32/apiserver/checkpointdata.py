@@ -42,6 +42,7 @@ from aiohttp import web
 
 from ..snapshot import SnapshotError, SnapshotReader
 from ..snapshot.parallel import prefault
+from ..snapshot.writer import ASYNC_WRITE
 from . import authz, errors
 from .proxy import kubelet_base
 from .resources import Resource
@@ -156,8 +157,8 @@ class CheckpointDataAPI:
             if status.get(field) is not None:
                 resp.headers[header] = str(status[field])
         await resp.prepare(request)
-        for off in range(0, len(view), 1 << 20):
-            await resp.write(view[off: off + (1 << 20)])
+        for off in range(0, len(view), ASYNC_WRITE):  # each write is encrypted and sent whole
+            await resp.write(view[off: off + ASYNC_WRITE])
         await resp.write_eof()
         return resp
 

@@ -31,6 +31,7 @@ from .format import (
 )
 
 WRITE_CHUNK = 1 << 20
+ASYNC_WRITE = 256 << 10  # an event loop's TLS encrypts and sends each write whole: smaller ones stay cache-warm
 
 _U32_MAX = 0xFFFFFFFF
 _U64_MAX = 0xFFFFFFFFFFFFFFFF
@@ -160,20 +161,25 @@ class SnapshotWriter:
             h = HashBehind()
             try:
                 for piece in self._hashed_body(h):
-                    await write(piece)
+                    await _write_in_parts(write, piece)
                 await h.settled()  # the lagging hash must not block the event loop
                 self.sha256 = h.digest()
             finally:
                 h.close()
         else:
             for piece in self._body():
-                await write(piece)
+                await _write_in_parts(write, piece)
         await write(memoryview(self.sha256))
         return self.sha256
 
     def to_bytes(self) -> bytes:
         """The whole snapshot in one buffer: for tests and small snapshots only."""
         return b"".join(self.pieces())
+
+
+async def _write_in_parts(write: Callable[[memoryview], Awaitable[Any]], piece: memoryview) -> None:
+    for offset in range(0, len(piece), ASYNC_WRITE):
+        await write(piece[offset: offset + ASYNC_WRITE])
 
 
 def _full_write(out: Any) -> Callable[[memoryview], None]:
