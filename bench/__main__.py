@@ -12,6 +12,26 @@ import bench
 from bench import report
 
 
+def _busy_jiffies() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def settle(quiet: float = 0.15, longest: float = 15.0) -> None:
+    """Wait until the machine is quiet (under ``quiet`` of its CPU busy over half a second),
+    at most ``longest`` seconds: the previous suite's processes may still be exiting, and a
+    ratio measured beside them measures them."""
+    deadline = time.monotonic() + longest
+    while time.monotonic() < deadline:
+        b0, t0 = _busy_jiffies()
+        time.sleep(0.5)
+        b1, t1 = _busy_jiffies()
+        if t1 > t0 and (b1 - b0) / (t1 - t0) < quiet:
+            return
+
+
 def main(argv: list[str]) -> int:
     names = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_"))
     if argv:
@@ -19,6 +39,7 @@ def main(argv: list[str]) -> int:
     status = 0
     started = time.monotonic()
     for name in names:
+        settle()
         print(f"== {name}", flush=True)
         module = importlib.import_module(f"bench.{name}")
         status |= module.main([]) or 0

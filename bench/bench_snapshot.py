@@ -14,7 +14,7 @@ each side's peak RSS beyond the memory itself (target <= 2 MiB): peak
 (ru_maxrss) minus the RSS before the memory existed minus the memory size.
 The rate is timed on the reader, from its "go" byte to the last byte checked.
 
-    python -m bench.bench_snapshot [--mib 64] [--runs 5]
+    python -m bench.bench_snapshot [--mib 64] [--runs 7]
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def one_run(mode: str, pages: int) -> dict[str, float]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_snapshot")
     parser.add_argument("--mib", type=int, default=64, help="memory size in MiB (default 64)")
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args(argv)
     pages = args.mib * 16
 
