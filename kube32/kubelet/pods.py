@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kube32.kubelet.pods")
 
+FIRST_REPORT_GRACE = 0.05  # s
+
 
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -69,6 +71,7 @@ class PodWorker:
         self._transitions: dict[str, tuple[str, str]] = {}
         self._written: Any = None
         self._dirty = asyncio.Event()
+        self._created = asyncio.Event()  # the container left ContainerCreating (started, failed...)
         self._exit: asyncio.Future | None = None
         self._pull_failures = 0
         self._restore_tried = False
@@ -94,6 +97,8 @@ class PodWorker:
 
     def changed(self) -> None:
         """Something the status shows changed: write it soon (and tell the node)."""
+        if (self.state.get("waiting") or {}).get("reason") != "ContainerCreating":
+            self._created.set()
         self._dirty.set()
         self.kl.node_changed()
 
@@ -292,6 +297,10 @@ class PodWorker:
                 "containerStatuses": [cs]}
 
     async def _status_loop(self) -> None:
+        # A new pod's first report waits a moment for its container: one write then says
+        # Running, where two (ContainerCreating, then Running) would compete with the
+        # start's own requests - a restore's data above all.
+        await wait_set(self._created, FIRST_REPORT_GRACE)
         while True:
             # Also look once a second: a freeze or thaw by code that did not call the
             # hook still shows in Ready within about a second.
