@@ -169,3 +169,27 @@ def test_small_inputs_stay_on_the_calling_thread(monkeypatch):
     h = HashBehind()
     h.update(b"x" * (parallel.PARALLEL_MIN - 1))
     assert h.digest() == hashlib.sha256(b"x" * (parallel.PARALLEL_MIN - 1)).digest() and not started
+
+
+def test_a_wasm_memory_destination_is_prefaulted_and_filled():
+    """The restore's real destination: a wasmtime linear memory seen through a ctypes
+    array (the kubelet's view), large enough for the prefault thread."""
+    import ctypes
+
+    import wasmtime
+
+    size = 6 * MiB
+    data, mem = snapshot(size)
+    store = wasmtime.Store()
+    memory = wasmtime.Memory(store, wasmtime.MemoryType(wasmtime.Limits(size // 65536, None)))
+    address = ctypes.addressof(memory.data_ptr(store).contents)
+    view = memoryview((ctypes.c_ubyte * memory.data_len(store)).from_address(address)).cast("B")
+    assert parallel._address(view) == address
+    a, b = socket.socketpair()
+    thread = threading.Thread(target=_send, args=(a, data))
+    thread.start()
+    with b:
+        snap = SnapshotReader(None, lambda h: view[: h.memory_bytes]).read_from(b)
+    thread.join(10)
+    a.close()
+    assert snap.sha256 == data[-32:] and view[:size] == mem
