@@ -61,7 +61,11 @@ class KubeletProxy:
         return next(self._rr) % n
 
     async def forward(self, request: web.Request, url: str, *, method: str | None = None,
-                      extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
+                      extra_headers: dict[str, str] | None = None,
+                      statuses: bool = False) -> web.StreamResponse:
+        """Stream the kubelet's answer back.  ``statuses``: a kubelet's plain-text refusal
+        becomes a Status with its words (as the API server answers ``pods/log``), so
+        kubectl prints the kubelet's reason instead of an unknown one."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         if self.token and not (self.cert_auth and url.startswith("https:")):
             headers["Authorization"] = f"Bearer {self.token}"
@@ -75,6 +79,9 @@ class KubeletProxy:
         except (aiohttp.ClientError, OSError) as e:
             raise errors.service_unavailable(f"error trying to reach the kubelet: {e}") from None
         async with upstream:
+            if statuses and upstream.status >= 400 and upstream.content_type == "text/plain":
+                text = (await upstream.text()).strip()
+                raise errors.APIError(upstream.status, STATUS_REASONS.get(upstream.status, "InternalError"), text)
             resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for k, v in upstream.headers.items():
                 if k.lower() not in HOP_BY_HOP:
@@ -92,6 +99,9 @@ class KubeletProxy:
                 return resp
             await resp.write_eof()
             return resp
+
+
+STATUS_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 503: "ServiceUnavailable"}
 
 
 def ready_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -533,10 +533,11 @@ class APIServer:
             raise errors.bad_request(f"container {container or '<none>'} is not valid for pod {t.name}"
                                      if container else
                                      f"a container name must be specified for pod {t.name}, choose one of: {containers}")
-        q = {k: v for k, v in request.query.items() if k in ("follow", "tailLines", "timestamps", "previous", "sinceSeconds", "limitBytes")}
+        q = {k: v for k, v in request.query.items() if k in ("follow", "tailLines", "timestamps", "previous", "sinceSeconds", "sinceTime",
+                                                            "limitBytes")}
         qs = "&".join(f"{k}={quote(v)}" for k, v in q.items())
         url = f"{base}/containerLogs/{t.namespace}/{t.name}/{container}" + (f"?{qs}" if qs else "")
-        return await self.kubelets.forward(request, url, method="GET")
+        return await self.kubelets.forward(request, url, method="GET", statuses=True)
 
 
 def _scale_of(obj: dict) -> dict:

@@ -293,7 +293,7 @@ class Kubelet:
     def log(self, pod: Pod, line: str) -> None:
         worker = self.instances.get(id(pod))
         if worker is not None:
-            worker.logs.append(line)
+            worker.logs.append(line, worker.restart_count)
 
     def publish(self, pod: Pod, topic: str, payload: bytes) -> None:
         worker = self.instances.get(id(pod))

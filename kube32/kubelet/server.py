@@ -11,7 +11,7 @@ endpoints of the migration work plug in there):
 
 * ``/pods/<ns>/<pod>/http/<path>``: one request into the pod's ``k32_handle``;
   a frozen pod answers 503 with ``Retry-After: 1``.
-* ``/containerLogs/<ns>/<pod>/<container>?follow=&tailLines=&timestamps=``.
+* ``/containerLogs/<ns>/<pod>/<container>?follow=&tailLines=&timestamps=&previous=&sinceSeconds=&sinceTime=&limitBytes=``.
 * ``/checkpoint/<ns>/<pod>/<container>`` and ``/thaw/...``: see :mod:`.migration`.
 * ``/devices/keyboard?key=K[&namespace=NS]``: a key press on a node with a
   keyboard, published on the topic ``keyboard``.
@@ -20,16 +20,17 @@ endpoints of the migration work plug in there):
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import ssl
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from aiohttp import web
 
 from ..client import ApiError
 from ..wasm import HttpRequest, PodError, PodFrozen
 from . import migration
-from .logs import format_line
+from .logs import format_line, rfc3339_nano
 
 if TYPE_CHECKING:
     from .kubelet import Kubelet
@@ -186,27 +187,88 @@ async def container_logs(kl: "Kubelet", request: web.Request) -> web.StreamRespo
         return _text(404, f'pod "{ns}/{name}" is not on node "{kl.options.node_name}"')
     if container != worker.container:
         return _text(400, f"container {container} is not valid for pod {name}")
-    q = request.query
-    timestamps = q.get("timestamps", "").lower() in ("1", "true")
-    tail = None
-    if q.get("tailLines"):
-        try:
-            tail = int(q["tailLines"])
-        except ValueError:
-            return _text(400, f'tailLines must be a number, not "{q["tailLines"]}"')
-    if q.get("follow", "").lower() not in ("1", "true"):
-        body = b"".join(format_line(e, timestamps) for e in worker.logs.lines(tail))
-        return web.Response(body=body, content_type="text/plain")
+    options = log_options(request.query)
+    if isinstance(options, str):
+        return _text(400, options)
+    tail, since, limit, timestamps, follow, previous = options
+    run = log_run(worker, previous)
+    if isinstance(run, str):
+        return _text(400, run)
+    if run != worker.restart_count or "terminated" in worker.state:
+        follow = False  # that container has ended: its log is complete
+    if not follow:
+        body = b"".join(format_line(e, timestamps) for e in worker.logs.lines(tail, run, since))
+        return web.Response(body=body[:limit], content_type="text/plain")
     resp = web.StreamResponse(headers={"Content-Type": "text/plain", "Cache-Control": "no-cache"})
     resp.enable_chunked_encoding()
     await resp.prepare(request)
+    left = limit
     try:
-        async for entry in worker.logs.follow(tail):
-            await resp.write(format_line(entry, timestamps))
+        async for entry in worker.logs.follow(tail, run, since):
+            line = format_line(entry, timestamps)
+            if left is not None:
+                line, left = line[:left], left - len(line[:left])
+            await resp.write(line)
+            if left == 0:
+                break
         await resp.write_eof()
     except (ConnectionResetError, RuntimeError):
         pass
     return resp
+
+
+def log_run(worker: Any, previous: bool) -> int | str:
+    """Which run of the container a log request means, as the kubelet chooses the
+    container (its validateContainerLogStatus): the running or finished one, else the
+    last one that ended (a container in back-off); with ``previous``, the last one that
+    ended.  Lines are tagged with the restart count they were logged under, and a run
+    that ended is followed by one more restart count, so that one is count - 1."""
+    state, last = worker.state or {}, worker.last_state or {}
+    if previous:
+        if "terminated" not in last:
+            return f'previous terminated container "{worker.container}" in pod "{worker.name}" not found'
+        return worker.restart_count - 1
+    if "running" in state or "terminated" in state:
+        return worker.restart_count
+    if "terminated" in last:
+        return worker.restart_count - 1
+    reason = (state.get("waiting") or {}).get("reason", "ContainerCreating")
+    why = {"ErrImagePull": "image can't be pulled",
+           "ImagePullBackOff": "trying and failing to pull image"}.get(reason, reason)
+    return f'container "{worker.container}" in pod "{worker.name}" is waiting to start: {why}'
+
+
+def log_options(q: Any) -> tuple[int | None, str | None, int | None, bool, bool, bool] | str:
+    """(tailLines, since as an rfc3339_nano cut, limitBytes, timestamps, follow, previous)
+    from kubectl's query, or the message of a 400 (the API server's wording)."""
+    flags = {k: q.get(k, "").lower() in ("1", "true") for k in ("timestamps", "follow", "previous")}
+    numbers: dict[str, int | None] = {}
+    for key, least in (("tailLines", 0), ("sinceSeconds", 1), ("limitBytes", 1)):
+        raw = q.get(key)
+        if raw is None or raw == "":
+            numbers[key] = None
+            continue
+        try:
+            numbers[key] = int(raw)
+        except ValueError:
+            return f'{key} must be a number, not "{raw}"'
+        if numbers[key] < least:  # type: ignore[operator]
+            return f"{key}: Invalid value: {raw}: must be greater than {'or equal to ' if least == 0 else ''}0"
+    since = None
+    if q.get("sinceTime") and numbers["sinceSeconds"] is not None:
+        return "at most one of sinceTime or sinceSeconds may be specified"
+    if numbers["sinceSeconds"] is not None:
+        since = rfc3339_nano(dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=numbers["sinceSeconds"]))
+    elif q.get("sinceTime"):
+        try:
+            when = dt.datetime.fromisoformat(q["sinceTime"].replace("Z", "+00:00"))
+        except ValueError:
+            return f'sinceTime must be an RFC 3339 time, not "{q["sinceTime"]}"'
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        since = rfc3339_nano(when.astimezone(dt.timezone.utc))
+    return (numbers["tailLines"], since, numbers["limitBytes"], flags["timestamps"], flags["follow"],
+            flags["previous"])
 
 
 async def keyboard(kl: "Kubelet", request: web.Request) -> web.Response:

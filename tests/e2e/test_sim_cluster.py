@@ -148,6 +148,41 @@ def test_module_whose_init_traps_is_in_crash_loop_back_off(sim_cluster: ControlP
     sim_cluster.kubectl("delete", "pod", "trapper", "--wait=false")
 
 
+LOG_THEN_TRAP = """
+(module
+  (import "k32" "k32_log" (func $log (param i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "about to trap")
+  (func (export "k32_init") (drop (call $log (i32.const 16) (i32.const 13))) unreachable)
+  (func (export "k32_handle")))
+"""
+
+
+def test_logs_previous_since_and_limit_bytes(sim_cluster: ControlPlane, tmp_path: Path) -> None:
+    """kubectl logs --previous / --since / --since-time / --limit-bytes, against a pod that
+    logs a line and traps, over and over (CrashLoopBackOff), as the kubelet picks the
+    container: the running or ended one, else the last that ended; -p the last that ended."""
+    module = tmp_path / "logtrap.wasm"
+    module.write_bytes(wasmtime.wat2wasm(LOG_THEN_TRAP))
+    image = push(sim_cluster, module)
+    sim_cluster.kubectl("apply", "-f", "-", input=pod_yaml("logtrap", "sim-1", image))
+    try:
+        wait_for(lambda: waiting_or_terminated(sim_cluster, "logtrap").get("restartCount", 0) >= 2, 30,
+                 what="two restarts")
+        for args in ((), ("-p",), ("--since=1h",), ("--previous", "--timestamps")):
+            out = sim_cluster.kubectl("logs", "logtrap", *args).stdout
+            assert out.endswith("about to trap\n") and out.count("about to trap") == 1, (args, out)
+        assert sim_cluster.kubectl("logs", "logtrap", "--since-time=2999-01-01T00:00:00Z").stdout == ""
+        assert sim_cluster.kubectl("logs", "logtrap", "--limit-bytes=5").stdout == "about"
+        sim_cluster.kubectl("apply", "-f", "-", input=pod_yaml("logfresh", "sim-1", push(sim_cluster, COUNTER)))
+        wait_for(lambda: "Running" in sim_cluster.kubectl("get", "pod", "logfresh").stdout, 30, what="Running")
+        never = sim_cluster.kubectl("logs", "logfresh", "-p", check=False)
+        assert never.returncode == 1
+        assert 'previous terminated container "main" in pod "logfresh" not found' in never.stderr
+    finally:
+        sim_cluster.kubectl("delete", "pod", "logtrap", "logfresh", "--wait=false", check=False)
+
+
 def test_kubelet_endpoint_admits_only_the_api_server(sim_cluster: ControlPlane) -> None:
     node = get_json(sim_cluster, "node", "sim-1")
     import ssl  # the kubelet serves TLS with a certificate from the cluster CA

@@ -59,12 +59,12 @@ async def test_log_buffer_tail_follow_and_close() -> None:
     buf = LogBuffer(asyncio.get_running_loop(), capacity=3)
     for i in range(5):
         buf.append(f"line {i}\n")
-    assert [t for _, t in buf.lines()] == ["line 2", "line 3", "line 4"]
-    assert [t for _, t in buf.lines(1)] == ["line 4"] and buf.lines(0) == []
+    assert [t for _, t, _ in buf.lines()] == ["line 2", "line 3", "line 4"]
+    assert [t for _, t, _ in buf.lines(1)] == ["line 4"] and buf.lines(0) == []
     got: list[str] = []
 
     async def follow() -> None:
-        async for _, text in buf.follow(tail=1):
+        async for _, text, _ in buf.follow(tail=1):
             got.append(text)
     task = asyncio.create_task(follow())
     await asyncio.sleep(0.01)
@@ -75,6 +75,33 @@ async def test_log_buffer_tail_follow_and_close() -> None:
     assert got == ["line 4", "from a pod thread"]
     stamped = format_line(buf.lines(1)[0], True).decode()
     assert stamped.endswith("Z from a pod thread\n") and stamped[10] == "T"
+
+
+@in_loop
+async def test_log_buffer_keeps_runs_apart_and_cuts_by_time() -> None:
+    buf = LogBuffer(asyncio.get_running_loop())
+    buf.append("first run", 0)
+    buf.append("it crashed", 0)
+    cut = buf.lines()[-1][0]
+    await asyncio.sleep(0.002)
+    buf.append("second run", 1)
+    assert [t for _, t, _ in buf.lines(run=0)] == ["first run", "it crashed"]
+    assert [t for _, t, _ in buf.lines(run=1)] == ["second run"]
+    assert [t for _, t, _ in buf.lines(since=cut)] == ["it crashed", "second run"]
+    assert [t for _, t, _ in buf.lines(tail=1, run=0)] == ["it crashed"]
+
+
+def test_log_options_as_kubectl_sends_them() -> None:
+    from kube32.kubelet.server import log_options
+    tail, since, limit, stamps, follow, previous = log_options(
+        {"tailLines": "5", "sinceSeconds": "60", "limitBytes": "100", "timestamps": "true", "previous": "true"})
+    assert (tail, limit, stamps, follow, previous) == (5, 100, True, False, True) and since.endswith("Z")
+    assert log_options({"sinceTime": "2026-11-30T10:00:00Z"})[1] == "2026-11-30T10:00:00.000000000Z"
+    assert log_options({"sinceSeconds": "0"}) == "sinceSeconds: Invalid value: 0: must be greater than 0"
+    assert log_options({"sinceSeconds": "5", "sinceTime": "2026-11-30T10:00:00Z"}) == \
+        "at most one of sinceTime or sinceSeconds may be specified"
+    assert "RFC 3339" in log_options({"sinceTime": "yesterday"})
+    assert log_options({"limitBytes": "x"}) == 'limitBytes must be a number, not "x"'
 
 
 class FakeClient:
