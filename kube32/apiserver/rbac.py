@@ -94,6 +94,7 @@ _EDIT = [
                  "services/proxy"], READ),
     _rule([""], ["pods", "pods/attach", "pods/exec", "pods/portforward", "pods/proxy"], WRITE),
     _rule([""], ["pods/eviction", "pods/replacement", "serviceaccounts/token"], ["create"]),
+    _rule([""], ["serviceaccounts"], ["impersonate"]),  # as Kubernetes' edit role
     _rule([""], ["configmaps", "events", "persistentvolumeclaims", "replicationcontrollers",
                  "replicationcontrollers/scale", "secrets", "serviceaccounts", "services",
                  "services/proxy", "endpoints"], WRITE),

@@ -29,8 +29,8 @@ from urllib.parse import quote
 from aiohttp import web
 
 from ..store import Store
-from . import (authz, bodies, discovery, errors, eventbus, images, meta, nodecredentials, rbac,
-               serviceaccounts, tables)
+from . import (authz, bodies, discovery, errors, eventbus, images, impersonation, meta, nodecredentials,
+               rbac, serviceaccounts, tables)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .eviction import EvictionHandler
 from .proxy import KubeletProxy, kubelet_base, ready_pods
@@ -138,6 +138,8 @@ class APIServer:
         user = self.auth.authenticate(request.headers.get("Authorization"))
         if user is None or not await serviceaccounts.still_valid(self, user):
             raise errors.unauthorized()
+        if impersonation.asked(request.headers):
+            user = await impersonation.impersonated(self.authorizer, user, request.headers)
         request["user"] = user
         attrs = authz.request_attributes(user, request.method, request.path, request.query)
         allowed, reason = await self.authorizer.authorize(attrs)

@@ -162,6 +162,35 @@ def test_whoami_and_can_i_list(cluster: Cluster) -> None:
     assert not any(line.startswith(("secrets ", "checkpoints.kube32.io/data")) for line in lines)
 
 
+def test_impersonation_with_kubectl_as(cluster: Cluster) -> None:
+    """kubectl --as / --as-group: the admin may be anyone and then gets that user's answers;
+    edit may be its namespace's service accounts; view may be nobody."""
+    out = cluster.kubectl(None, "--as=jane", "--as-group=dev", "auth", "whoami", "-o", "json", check=True)
+    info = json.loads(out.stdout)["status"]["userInfo"]
+    assert (info["username"], info["groups"]) == ("jane", ["dev", "system:authenticated"])
+    cluster.kubectl(None, "--as=jane", "get", "pods", check=True)
+    _forbidden(cluster.kubectl(None, "--as=jane", "get", "secrets"),
+               'secrets is forbidden: User "jane" cannot list resource "secrets" in API group "" '
+               'in the namespace "default"')
+    assert cluster.kubectl(None, "--as=jane", "auth", "can-i", "create", "pods").stdout.strip() == "no"
+    _forbidden(cluster.kubectl(BOB, "--as=system:serviceaccount:default:default", "get", "pods"),
+               'pods is forbidden: User "system:serviceaccount:default:default" cannot list resource "pods" '
+               'in API group "" in the namespace "default"')
+    _forbidden(cluster.kubectl(BOB, "--as=jane", "get", "pods"),
+               'users "jane" is forbidden: User "bob" cannot impersonate resource "users" in API group "" '
+               'at the cluster scope')
+    _forbidden(cluster.kubectl(JANE, "--as=bob", "--as-group=system:masters", "get", "pods"),
+               'users "bob" is forbidden: User "jane" cannot impersonate resource "users" in API group "" '
+               'at the cluster scope')
+    # A group without a user: kubectl refuses that itself; the API server too.
+    admin = yaml.safe_load(cluster.cp.kubeconfig.read_text())["users"][0]["user"]["token"]
+    req = urllib.request.Request(cluster.server + "/api/v1/namespaces/default/pods", headers={
+        "Authorization": f"Bearer {admin}", "Impersonate-Group": "dev"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, context=cluster.ctx, timeout=30)
+    assert err.value.code == 400 and b"without impersonating a user" in err.value.read()
+
+
 def test_node_credentials_reach_only_what_the_nodes_pods_use(cluster: Cluster) -> None:
     node = cluster.token_of("system:node:w1")
     base = f"/api/v1/namespaces/{NS}"
