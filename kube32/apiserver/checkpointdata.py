@@ -222,12 +222,10 @@ class CheckpointDataAPI:
         params = {**{k: q[k] for k in ("leave", "timeoutMs") if k in q}, "sha256": "trailer"}
         url = f"{kubelet_base(await self.server._node(node))}/{path}"
         kubelets = self.server.kubelets
-        headers = {}
-        if kubelets.token and not (kubelets.cert_auth and url.startswith("https:")):
-            headers["Authorization"] = f"Bearer {kubelets.token}"
         failed = f"the snapshot transfer from {node} failed"
         try:
-            upstream = await kubelets.session.post(url, params=params, headers=headers, allow_redirects=False,
+            upstream = await kubelets.session.post(url, params=params, headers=kubelets.auth_headers(url),
+                                                   allow_redirects=False,
                                                    timeout=aiohttp.ClientTimeout(total=None, sock_read=120))
         except (aiohttp.ClientError, OSError) as e:
             raise errors.service_unavailable(f"{failed}: error trying to reach the kubelet: {e}") from None

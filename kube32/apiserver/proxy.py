@@ -57,6 +57,12 @@ class KubeletProxy:
         if self._session is not None:
             await self._session.close()
 
+    def auth_headers(self, url: str) -> dict[str, str]:
+        """The token, unless the client certificate speaks for the control plane."""
+        if self.token and not (self.cert_auth and url.startswith("https:")):
+            return {"Authorization": f"Bearer {self.token}"}
+        return {}
+
     def pick(self, n: int) -> int:
         return next(self._rr) % n
 
@@ -67,8 +73,7 @@ class KubeletProxy:
         becomes a Status with its words (as the API server answers ``pods/log``), so
         kubectl prints the kubelet's reason instead of an unknown one."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        if self.token and not (self.cert_auth and url.startswith("https:")):
-            headers["Authorization"] = f"Bearer {self.token}"
+        headers.update(self.auth_headers(url))
         headers.update(extra_headers or {})
         body = request.content if request.body_exists else None
         if request.content_length is not None:

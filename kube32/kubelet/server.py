@@ -23,7 +23,7 @@ import asyncio
 import datetime as dt
 import ssl
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
@@ -238,9 +238,17 @@ def log_run(worker: Any, previous: bool) -> int | str:
     return f'container "{worker.container}" in pod "{worker.name}" is waiting to start: {why}'
 
 
-def log_options(q: Any) -> tuple[int | None, str | None, int | None, bool, bool, bool] | str:
-    """(tailLines, since as an rfc3339_nano cut, limitBytes, timestamps, follow, previous)
-    from kubectl's query, or the message of a 400 (the API server's wording)."""
+class LogQuery(NamedTuple):
+    tail: int | None          # tailLines
+    since: str | None         # sinceSeconds or sinceTime, as an rfc3339_nano cut
+    limit: int | None         # limitBytes
+    timestamps: bool
+    follow: bool
+    previous: bool
+
+
+def log_options(q: Any) -> LogQuery | str:
+    """A log request's query as kubectl sends it, or the message of a 400."""
     flags = {k: q.get(k, "").lower() in ("1", "true") for k in ("timestamps", "follow", "previous")}
     numbers: dict[str, int | None] = {}
     for key, least in (("tailLines", 0), ("sinceSeconds", 1), ("limitBytes", 1)):
@@ -267,8 +275,8 @@ def log_options(q: Any) -> tuple[int | None, str | None, int | None, bool, bool,
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.timezone.utc)
         since = rfc3339_nano(when.astimezone(dt.timezone.utc))
-    return (numbers["tailLines"], since, numbers["limitBytes"], flags["timestamps"], flags["follow"],
-            flags["previous"])
+    return LogQuery(numbers["tailLines"], since, numbers["limitBytes"], flags["timestamps"], flags["follow"],
+                    flags["previous"])
 
 
 async def keyboard(kl: "Kubelet", request: web.Request) -> web.Response:

@@ -41,7 +41,7 @@ tells the caller when the memory target already holds snapshot bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
@@ -200,12 +200,8 @@ class SnapshotReader:
             if self._stage is _Stage.TRAILER:
                 await self.settled()  # the trailer's check must not block the loop on the hash
             target = self._want()
-            try:
-                data = await stream.read(len(target))
-            except Exception as err:  # aiohttp ClientPayloadError, reset, timeout
-                self._stream_broke(err)
-            if not data:
-                await self.settled()
+            data = await self._arrived(stream.read(len(target)))
+            if data is None:
                 return self._end()
             n = len(data)
             if self._stage is _Stage.MEMORY:
@@ -221,12 +217,8 @@ class SnapshotReader:
         first, `readchunk()` hands over one without a copy.  A chunk may span
         parts: `feed` splits it, memory straight into the target."""
         while self._stage is not _Stage.DONE:
-            try:
-                data, _ = await stream.readchunk()
-            except Exception as err:  # aiohttp ClientPayloadError, reset, timeout
-                self._stream_broke(err)
-            if not data:
-                await self.settled()
+            data = await self._arrived(_chunk(stream))
+            if data is None:
                 return self._end()
             view = memoryview(data)
             left = self._left
@@ -237,6 +229,18 @@ class SnapshotReader:
                 await self.settled()  # the trailer's check must not block the loop on the hash
             self.feed(view, stable=True)  # bytes from the connection: never written again
         return self._end()
+
+    async def _arrived(self, pending: Awaitable[Any]) -> Any:
+        """The next bytes of an async stream, or None at its end (once the hash has
+        caught up, so judging the end does not block the loop on it)."""
+        try:
+            data = await pending
+        except Exception as err:  # aiohttp ClientPayloadError, reset, timeout
+            self._stream_broke(err)
+        if not data:
+            await self.settled()
+            return None
+        return data
 
     async def settled(self) -> None:
         """Wait, without blocking an event loop, for the hash to catch up with
@@ -611,6 +615,11 @@ class SnapshotReader:
         """The side threads end (the hash's worker once its queue is empty)."""
         self._stop_prefault()
         self._hash.close()
+
+
+async def _chunk(stream: Any) -> bytes:
+    data, _end_of_http_chunk = await stream.readchunk()
+    return data
 
 
 def _as_bytes(view: memoryview) -> memoryview:
