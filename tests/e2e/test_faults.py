@@ -13,7 +13,9 @@ hang-restores|truncate-restores|slow-snapshots`` and, in the control plane,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.server
+import io
 import json
 import shutil
 import signal
@@ -29,6 +31,7 @@ import pytest
 import yaml
 
 from kube32.client import Client
+from kube32.snapshot import VALTYPE_I32, VALTYPE_I64, SnapshotReader, SnapshotWriter, TableState
 from tests.conftest import ROOT, ControlPlane, Proc, sim_command, start, wait_for
 from tests.e2e.helpers import cli, get_json, push
 from tests.e2e.test_moves import api_call, counter_pod, running, state
@@ -491,3 +494,48 @@ def test_events_while_frozen_eight_held_in_order_the_rest_dropped_and_counted(cl
     assert sum(e["count"] for e in dropped) == 3 and dropped[0]["type"] == "Warning"
     assert "a frozen pod holds at most 8 events" in dropped[0]["message"]
     cluster.kubectl("delete", "pod", "ev", "--wait=false")
+
+
+def _put_data(cluster: ControlPlane, name: str, data: bytes) -> int:
+    async def go() -> int:
+        async with Client.from_kubeconfig(cluster.kubeconfig) as c:
+            async with c.request("PUT", f"/apis/kube32.io/v1/namespaces/default/checkpoints/{name}/data", data=data,
+                                 headers={"Content-Type": "application/octet-stream"}) as r:
+                return r.status
+    return asyncio.run(go())
+
+
+def test_a_snapshot_whose_globals_or_tables_do_not_match_the_module_is_refused(cluster, image) -> None:
+    """The spec's "a global or a table does not match the module", end to end: a real
+    snapshot of the counter, rewritten with a global of another type or a table the
+    module lacks (same image, valid trailer), stored as a Checkpoint's data and restored
+    by a pod that names it: RestoreError, with the mismatch named."""
+    serve_pod(cluster, "shape", "sim-1", image)
+    assert cli(cluster, "checkpoint", "shape").returncode == 0
+    saved = the_checkpoint(cluster, "shape", "Saved")["metadata"]["name"]
+    code, _, data = api_call(cluster, "GET", f"/apis/kube32.io/v1/namespaces/default/checkpoints/{saved}/data")
+    assert code == 200
+    memory = bytearray()
+    state_ = SnapshotReader(None, lambda h: memoryview(memory.extend(bytes(h.memory_bytes)) or memory)
+                            ).read_from(io.BytesIO(data)).state
+    first = state_.globals[0]
+    assert first.valtype == VALTYPE_I32  # clang's stack pointer
+    variants = {
+        "shape-g": (dataclasses.replace(state_, globals=(dataclasses.replace(first, valtype=VALTYPE_I64),
+                                                         *state_.globals[1:])),
+                    f"global {first.index} is i64 in the snapshot but i32 in the module"),
+        "shape-t": (dataclasses.replace(state_, tables=(*state_.tables, TableState(7, ()))),
+                    "table 7 is in the snapshot but the module has no table 7"),
+    }
+    try:
+        for pod, (state_variant, message) in variants.items():
+            cluster.kubectl("apply", "-f", "-", input=f"apiVersion: kube32.io/v1\nkind: Checkpoint\n"
+                            f"metadata: {{name: {pod}-data}}\nspec: {{podName: nobody-{pod}}}\n")
+            assert _put_data(cluster, f"{pod}-data", SnapshotWriter(state_variant, memory).to_bytes()) == 200
+            cluster.kubectl("apply", "-f", "-", input=counter_pod(
+                pod, "sim-2", image, annotations={"kube32.io/restore-from": f"{pod}-data"}))
+            errors = wait_for(lambda: events_of(cluster, pod, "RestoreError"), 30, what=f"{pod}'s RestoreError")
+            assert any(message in e["message"] for e in errors), errors
+    finally:
+        cluster.kubectl("delete", "pod", "shape", "shape-g", "shape-t", "--wait=false", check=False)
+        cluster.kubectl("delete", "checkpoint", "shape-g-data", "shape-t-data", "--wait=false", check=False)
