@@ -45,7 +45,6 @@ from .server import build_app, server_ssl
 
 log = logging.getLogger("kube32.kubelet")
 
-FROZEN_REPORT_DELAY = 0.15  # s: a frozen pod shows Ready=False this late at most (spec: within 2 s)
 
 
 @dataclass(frozen=True)
@@ -276,17 +275,11 @@ class Kubelet:
             self._stopping.discard(md["uid"])
 
     def pod_frozen_changed(self, uid: str) -> None:
-        """Hook for freeze/thaw: a thaw's Ready=True is written at once; a freeze's
-        Ready=False after FROZEN_REPORT_DELAY (the spec allows 2 s).  A move's source pod
-        is usually replaced by then and a Save's freeze over, so the write is not made
-        at all, instead of competing with the move's own requests."""
+        """Hook for freeze/thaw: the pod's Ready condition is written at once (a frozen
+        pod must leave its Services' endpoints before it is replaced: a request routed
+        to it later would find no pod on this node)."""
         worker = self.workers.get(uid)
-        if worker is None:
-            return
-        inst = worker.instance
-        if inst is not None and inst.frozen:
-            asyncio.get_running_loop().call_later(FROZEN_REPORT_DELAY, worker.changed)
-        else:
+        if worker is not None:
             worker.changed()
 
     # --- HostServices (called on pod threads) -------------------------------------------
