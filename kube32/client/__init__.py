@@ -6,7 +6,8 @@ validation, status rules and watch as kubectl's), with:
 * :class:`Client`: async get/list/create/update/patch/delete/watch and raw
   requests (streaming bodies) over one pooled aiohttp session;
 * :class:`Informer`: a list+watch cache of one kind that calls handlers and
-  re-lists after a 410;
+  re-lists after a 410; :class:`MutationCache` shows it with a controller's own
+  writes that the watch has not delivered yet;
 * :class:`WorkQueue`: keys to sync, deduplicated, never one key twice at once,
   retried with back-off (client-go's workqueue);
 * :class:`EventRecorder`: Kubernetes Events with counts.
@@ -14,10 +15,10 @@ validation, status rules and watch as kubectl's), with:
 from .kinds import (CHECKPOINTS, CONFIGMAPS, DAEMONSETS, DEPLOYMENTS, ENDPOINTS, ENDPOINTSLICES,
                     EVENTS, LEASES, NAMESPACES, NODES, PDBS, PODS, REPLICASETS, SECRETS, SERVICES, Kind)
 from .rest import ApiError, Client
-from .informer import Informer
+from .informer import Informer, MutationCache
 from .workqueue import WorkQueue
 from .events import EventRecorder
 
-__all__ = ["Kind", "Client", "ApiError", "Informer", "WorkQueue", "EventRecorder",
+__all__ = ["Kind", "Client", "ApiError", "Informer", "MutationCache", "WorkQueue", "EventRecorder",
            "CHECKPOINTS", "CONFIGMAPS", "DAEMONSETS", "DEPLOYMENTS", "ENDPOINTS", "ENDPOINTSLICES",
            "EVENTS", "LEASES", "NAMESPACES", "NODES", "PDBS", "PODS", "REPLICASETS", "SECRETS", "SERVICES"]

@@ -121,3 +121,48 @@ class Informer:
                 need_list = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+
+def _revision(obj: Obj) -> int | None:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+class MutationCache:
+    """An informer's cache seen through a controller's own writes (client-go's
+    MutationCache): ``get`` answers the newer of the informer's copy and the object the
+    controller's last write returned, so a sync that runs before the informer shows that
+    write neither acts on the stale copy nor GETs the object to find out.
+
+    Invariant: an own write is remembered only until the informer catches up with it
+    (a copy at least as new: Kube32's resourceVersions are one global revision, so they
+    compare as integers) or the object is deleted; it never hides a newer copy."""
+
+    def __init__(self, informer: Informer) -> None:
+        self.informer = informer
+        self._mine: dict[str, Obj] = {}
+        informer.add_handler(self._on_event)
+
+    def _on_event(self, etype: str, obj: Obj, old: Obj | None) -> None:
+        key = key_of(obj)
+        mine = self._mine.get(key)
+        if mine is None:
+            return
+        seen, own = _revision(obj), _revision(mine)
+        if etype == "DELETED" or seen is None or own is None or seen >= own \
+                or (obj.get("metadata") or {}).get("uid") != (mine.get("metadata") or {}).get("uid"):
+            del self._mine[key]
+
+    def mutated(self, obj: Obj) -> Obj:
+        """Remember ``obj``, as a write of this controller returned it; returns it."""
+        key = key_of(obj)
+        cached = self.informer.get(key)
+        seen, own = (_revision(cached) if cached else None), _revision(obj)
+        if own is not None and (seen is None or seen < own):
+            self._mine[key] = obj
+        return obj
+
+    def get(self, key: str) -> Obj | None:
+        return self._mine.get(key) or self.informer.get(key)

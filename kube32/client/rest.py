@@ -58,8 +58,10 @@ def _ssl_from_ca(ca_pem: bytes | None, insecure: bool) -> ssl.SSLContext | bool:
 
 class Client:
     def __init__(self, server: str, token: str | None, *, ca_pem: bytes | None = None,
-                 insecure: bool = False, user_agent: str = "kube32") -> None:
+                 insecure: bool = False, user_agent: str = "kube32", unix_socket: str | None = None) -> None:
+        """``unix_socket``: reach ``server`` (plain http) through this Unix socket instead of TCP."""
         self.server = server.rstrip("/")
+        self.unix_socket = unix_socket
         self.token = token
         self._ssl = _ssl_from_ca(ca_pem, insecure) if server.startswith("https") else False
         self.ca_pem = ca_pem
@@ -90,9 +92,11 @@ class Client:
             headers = {"User-Agent": self.user_agent}
             if self.token:
                 headers["Authorization"] = f"Bearer {self.token}"
+            connector: aiohttp.BaseConnector = (
+                aiohttp.UnixConnector(path=self.unix_socket, limit=64) if self.unix_socket
+                else aiohttp.TCPConnector(limit=64, ssl=self._ssl))
             self._session = aiohttp.ClientSession(
-                headers=headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-                connector=aiohttp.TCPConnector(limit=64, ssl=self._ssl))
+                headers=headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), connector=connector)
         return self._session
 
     async def close(self) -> None:

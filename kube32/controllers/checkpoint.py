@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 
 from .. import movability
-from ..client import CHECKPOINTS, NODES, PODS, ApiError
+from ..client import CHECKPOINTS, NODES, PODS, ApiError, MutationCache
 from .base import Controller, key_of, split_key
 from .podutil import parse_time, rfc3339
 from .scheduler import node_misfits, node_ready, pick_node, usage_by_node
@@ -137,6 +137,9 @@ class CheckpointController(Controller):
         self.rollback_seconds = ctx.options.move_rollback_seconds
         self.retention_seconds = ctx.options.checkpoint_retention_seconds
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
+        # Every status write of this controller goes through here: a sync that follows one
+        # of them (its own watch events wake it) sees it without a GET.
+        self.latest = MutationCache(self.checkpoints)
         self.pods = ctx.informers.get(PODS)
         self.nodes = ctx.informers.get(NODES)
 
@@ -160,21 +163,36 @@ class CheckpointController(Controller):
     # --- sync ---------------------------------------------------------------------
     async def sync(self, key: Any) -> None:
         ns, name = split_key(key)
-        cached = self.checkpoints.get(key)
-        if cached is not None and _status(cached).get("phase") in FINISHED:
+        # The informer's copy, or this controller's own later write: no GET on the way.
+        current = self.latest.get(key)
+        phase = (_status(current).get("phase") or "Pending") if current is not None else None
+        if current is not None and phase in FINISHED:
             # A finished Checkpoint never changes phase again, and its retention deletes
-            # by uid: the informer's copy will do (a moved pod's later events wake it).
-            await self._retain(cached)
+            # by uid: the cached copy will do (a moved pod's later events wake it).
+            await self._retain(current)
             return
-        if cached is not None and (_status(cached).get("phase") or "Pending") == "Pending":
-            # A new Checkpoint, as the informer saw it: no GET on the way to its snapshot.
-            # The copy may be stale (already Saving); _start's first write names its
-            # resourceVersion, so a stale copy ends in a 409 and a retry, never a second start.
-            await self._start(cached, guard=True)
+        if current is not None and phase == "Pending":
+            # The copy may be stale (already Saving, if another control plane wrote it); _start's
+            # first write names its resourceVersion: a stale copy ends in a 409 and a retry,
+            # never a second start.
+            await self._start(current, guard=True)
             return
+        if current is not None and phase == "Moving":
+            await self._check_move(current, confirmed=False)
+            return
+        # Saving (a snapshot this control plane is not taking: it restarted), or not cached.
+        await self._sync_from_api(ns, name)
+
+    async def _refetch(self, ck: Obj) -> None:
+        md = ck["metadata"]
+        await self._sync_from_api(md["namespace"], md["name"], md["uid"])
+
+    async def _sync_from_api(self, ns: str | None, name: str, uid: str | None = None) -> None:
+        """Decide on the API's copy (a cached one was not enough)."""
         ck = await self.client.try_get(CHECKPOINTS, name, ns)
-        if ck is None:
+        if ck is None or (uid is not None and ck["metadata"]["uid"] != uid):
             return
+        self.latest.mutated(ck)
         phase = _status(ck).get("phase") or "Pending"
         if phase == "Pending":
             await self._start(ck)
@@ -191,7 +209,8 @@ class CheckpointController(Controller):
         body: Obj = {"status": fields}
         if guard:
             body["metadata"] = {"resourceVersion": md["resourceVersion"]}
-        return await self.client.patch(CHECKPOINTS, md["name"], body, md["namespace"], subresource="status")
+        return self.latest.mutated(
+            await self.client.patch(CHECKPOINTS, md["name"], body, md["namespace"], subresource="status"))
 
     async def _event(self, pod: Obj | None, type_: str, reason: str, message: str) -> None:
         if pod is not None:
@@ -227,7 +246,8 @@ class CheckpointController(Controller):
             leave = "running" if target is None else "frozen"
             window = [_now_ms()]
             try:
-                taken: int | MoveError = await self._stream_snapshot(ck, pod, container, source, leave)
+                taken: tuple[int, Obj] | MoveError = await self._stream_snapshot(ck, pod, container, source,
+                                                                                 leave)
             except MoveError as e:
                 taken = e
             window.append(_now_ms())
@@ -294,8 +314,9 @@ class CheckpointController(Controller):
         return picked
 
     async def _save_and_continue(self, ck: Obj, pod: Obj, container: str, source: str,
-                                 target: str | None, taken: "int | MoveError") -> None:
-        """After the snapshot: ``taken`` is the freeze time (Unix ms) or why it failed."""
+                                 target: str | None, taken: "tuple[int, Obj] | MoveError") -> None:
+        """After the snapshot: ``taken`` is the freeze time (Unix ms) and the Checkpoint with the
+        stored snapshot's facts, or why it failed."""
         move = target is not None
         ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         if isinstance(taken, MoveError):
@@ -303,9 +324,8 @@ class CheckpointController(Controller):
                 await self._thaw(source, ns, pod_name, container)
             await self._fail(ck, pod, taken, "Move" if move else "Save")
             return
-        frozen_at = taken
+        frozen_at, ck = taken
         if not move:
-            ck = await self.client.get(CHECKPOINTS, ck["metadata"]["name"], ns)  # sizeBytes, set by the upload
             st = _status(ck)
             await self._set_status(ck, phase="Saved", takenAt=rfc3339(), finishedAt=rfc3339(), message="",
                                    **self._window_fields(ck))
@@ -330,8 +350,10 @@ class CheckpointController(Controller):
         start, end = self._windows.pop(key_of(ck), (0, 0))
         return {"snapshotStartMs": start, "snapshotEndMs": end} if start else {}
 
-    async def _stream_snapshot(self, ck: Obj, pod: Obj, container: str, node: str, leave: str) -> int:
-        """Kubelet snapshot -> Checkpoint data; returns the freeze time (Unix ms).
+    async def _stream_snapshot(self, ck: Obj, pod: Obj, container: str, node: str,
+                               leave: str) -> tuple[int, Obj]:
+        """Kubelet snapshot -> Checkpoint data; returns the freeze time (Unix ms) and the
+        Checkpoint as the data's PUT answered it (with the snapshot's facts).
 
         The API server takes the snapshot from the node itself (``PUT .../data?fromNode=``):
         the bytes cross the control plane once, not proxy -> controller -> upload."""
@@ -345,7 +367,8 @@ class CheckpointController(Controller):
                                            timeout=aiohttp.ClientTimeout(total=None, sock_read=180)) as r:
                 text = await r.text()
                 if r.status == 200:
-                    return int(r.headers.get("X-Kube32-Frozen-At-Ms") or asked_at)
+                    stored = self.latest.mutated(json.loads(text))
+                    return int(r.headers.get("X-Kube32-Frozen-At-Ms") or asked_at), stored
                 if r.headers.get("X-Kube32-From-Node"):
                     raise MoveError(*self._kubelet_refusal(r.status, text))
                 try:
@@ -416,14 +439,22 @@ class CheckpointController(Controller):
                          spec.get("action", "Save"))
 
     # --- Moving -> Completed | Failed (rolled back) ---------------------------------------
-    async def _check_move(self, ck: Obj) -> None:
+    async def _check_move(self, ck: Obj, confirmed: bool = True) -> None:
+        """``confirmed``: ``ck`` is the API's copy.  A cached copy may be stale (the move
+        already Completed or Failed): from one this only completes (a write guarded by its
+        resourceVersion) or waits; any other decision is taken again on the API's copy."""
         st = _status(ck)
         ns = ck["metadata"]["namespace"]
         name = st.get("newPodName") or ck["spec"]["podName"]
-        # The informer's copy first: a pod event is what woke this sync, and a replacement
-        # it shows running did run (the freeze-to-running figure should not wait for a GET).
+        # The informer's copy of the replacement: each of its changes is an event that
+        # wakes this sync again, so waiting on it needs no GET.
         pod = self.pods.get(f"{ns}/{name}")
-        if not (pod and pod["metadata"]["uid"] == st.get("newPodUID") and _runs(pod, ck)):
+        if pod is not None and pod["metadata"]["uid"] == st.get("podUID") and st.get("newPodUID"):
+            return  # the informer has not shown the replacement yet: its event will come
+        if pod is None or pod["metadata"]["uid"] != st.get("newPodUID"):
+            if not confirmed:
+                await self._refetch(ck)
+                return
             pod = await self.client.try_get(PODS, name, ns)
         if pod is None or pod["metadata"]["uid"] != st.get("newPodUID"):
             await self._fail(ck, pod, MoveError("the pod was deleted or replaced during the move"), "Move",
@@ -435,15 +466,17 @@ class CheckpointController(Controller):
             await self._complete(ck, pod)
             return
         terminated = state.get("terminated")
-        if (pod.get("status") or {}).get("phase") == "Failed" or terminated:
-            why = (terminated or {}).get("message") or (pod.get("status") or {}).get("message") or "the replacement failed"
-            await self._rollback(ck, pod, why)
-            return
         # The rollback clock starts when the replacement is bound (a pod may have been
         # frozen long before, e.g. a retried transfer); the Moved figure counts from the freeze.
         since = st.get("movingSinceMs") or st.get("frozenAtMs") or _now_ms()
         waited = (_now_ms() - int(since)) / 1000
-        if waited >= self.rollback_seconds:
+        failed = (pod.get("status") or {}).get("phase") == "Failed" or terminated
+        if (failed or waited >= self.rollback_seconds) and not confirmed:
+            await self._refetch(ck)
+        elif failed:
+            why = (terminated or {}).get("message") or (pod.get("status") or {}).get("message") or "the replacement failed"
+            await self._rollback(ck, pod, why)
+        elif waited >= self.rollback_seconds:
             await self._rollback(ck, pod, f"the replacement did not run within {self.rollback_seconds:g} s")
         else:
             self.queue.add_after(key_of(ck), self.rollback_seconds - waited + 0.1)
@@ -453,7 +486,15 @@ class CheckpointController(Controller):
         ms = max(0, _now_ms() - int(st.get("frozenAtMs") or _now_ms()))
         message = f"moved from {st.get('nodeName')} to {st.get('targetNode')} in {ms} ms from the freeze"
         await self._drop_annotation(pod)
-        await self._set_status(ck, phase="Completed", message=message, finishedAt=rfc3339(), moveMillis=ms)
+        try:
+            # Guarded: ck may be a cached copy, and a move completes once (one Moved event).
+            await self._set_status(ck, guard=True, phase="Completed", message=message, finishedAt=rfc3339(),
+                                   moveMillis=ms)
+        except ApiError as e:
+            if e.code != 409:
+                raise
+            await self._refetch(ck)
+            return
         await self._event(pod, "Normal", "Moved",
                           f"Moved from {st.get('nodeName')} to {st.get('targetNode')}: running {ms} ms after the freeze")
 

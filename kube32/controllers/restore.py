@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import movability
 from ..client import CHECKPOINTS, PODS, ApiError
-from .base import Controller, key_of, split_key
+from .base import Controller, key_of
 from .checkpoint import replacement_of
 from .podutil import parse_time
 
@@ -25,6 +25,12 @@ Obj = dict[str, Any]
 
 def restore_from(pod: Obj) -> str | None:
     return (pod["metadata"].get("annotations") or {}).get(movability.RESTORE_FROM)
+
+
+def _moving_to(ck: Obj | None, pod: Obj) -> bool:
+    """``ck`` is a move under way whose replacement is ``pod``."""
+    st = (ck or {}).get("status") or {}
+    return st.get("phase") == "Moving" and st.get("newPodUID") == pod["metadata"]["uid"]
 
 
 class RestoreController(Controller):
@@ -39,20 +45,27 @@ class RestoreController(Controller):
         self.pods.add_handler(lambda t, pod, old: restore_from(pod) and self.queue.add(key_of(pod)))
 
     async def sync(self, key: Any) -> None:
-        ns, name = split_key(key)
-        pod = await self.client.try_get(PODS, name, ns)
+        # The informers' copies: a pod that neither runs nor failed yet is waited for (its
+        # next change is an event), with no GET per event of a replacement being restored.
+        pod = self.pods.get(key)
         if pod is None or not restore_from(pod) or pod["metadata"].get("deletionTimestamp"):
             return
-        ck_name = restore_from(pod)
-        ck = await self.client.try_get(CHECKPOINTS, ck_name, ns)
-        st = (ck or {}).get("status") or {}
-        if st.get("phase") == "Moving" and st.get("newPodUID") == pod["metadata"]["uid"]:
-            return  # a move under way: the Checkpoint controller sees it through
+        ns, ck_name = pod["metadata"]["namespace"], restore_from(pod)
         status = pod.get("status") or {}
         states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
-        if status.get("phase") == "Running" and states and all("running" in s for s in states):
-            await self._restored(pod, ck_name, st)
-        elif status.get("phase") == "Failed" or any("terminated" in s for s in states):
+        running = status.get("phase") == "Running" and bool(states) and all("running" in s for s in states)
+        failed = status.get("phase") == "Failed" or any("terminated" in s for s in states)
+        if not (running or failed):
+            return
+        ck = self.checkpoints.get(f"{ns}/{ck_name}")
+        if not _moving_to(ck, pod):
+            # About to act: on the API's copy (the informer may not show the move's Moving yet).
+            ck = await self.client.try_get(CHECKPOINTS, ck_name, ns)
+        if _moving_to(ck, pod):
+            return  # a move under way: the Checkpoint controller sees it through
+        if running:
+            await self._restored(pod, ck_name, (ck or {}).get("status") or {})
+        else:
             await self._start_afresh(pod, ck_name, states)
 
     async def _restored(self, pod: Obj, ck_name: str, st: Obj) -> None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import signal
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,19 @@ from ..store import SQLiteStore
 
 log = logging.getLogger("kube32.controlplane")
 
+LOCAL_SOCKET = "apiserver.sock"
+SUN_PATH_MAX = 100  # a Unix socket's path must fit sockaddr_un (108 bytes on Linux)
+
+
+def local_socket_path(data_dir: Path) -> tuple[Path, Path | None]:
+    """Where the controllers' Unix socket goes: in the data directory, or, when that path
+    is too long for a socket, in a private temporary directory (returned to remove)."""
+    path = data_dir.resolve() / LOCAL_SOCKET
+    if len(str(path)) <= SUN_PATH_MAX:
+        return path, None
+    private = Path(tempfile.mkdtemp(prefix="kube32-"))  # mode 0700
+    return private / LOCAL_SOCKET, private
+
 
 @dataclass(frozen=True)
 class ControlPlaneOptions:
@@ -46,6 +62,7 @@ class ControlPlane:
     def __init__(self, opts: ControlPlaneOptions) -> None:
         self.opts = opts
         self.runner: web.AppRunner | None = None
+        self._socket_dir: Path | None = None
         self.server: APIServer | None = None
         self.store: SQLiteStore | None = None
         self.url = ""
@@ -85,14 +102,25 @@ class ControlPlane:
         site = web.TCPSite(self.runner, self.opts.host, self.opts.port, reuse_address=True,
                            ssl_context=ssl_ctx)
         await site.start()
+        # The controllers' own door: a Unix socket only this user can open (the data
+        # directory's socket file, mode 0600).  Requests still carry the API server's
+        # token and pass authentication, authorization and admission like any other; what
+        # they skip is TLS and TCP between two ends of one process.
+        local, self._socket_dir = local_socket_path(self.opts.data_dir)
+        local.unlink(missing_ok=True)
+        old_umask = os.umask(0o177)
+        try:
+            await web.UnixSite(self.runner, str(local)).start()
+        finally:
+            os.umask(old_umask)
         sock = site._server.sockets[0]  # type: ignore[union-attr]
         port = sock.getsockname()[1]
         scheme = "http" if self.opts.insecure_http else "https"
         self.url = f"{scheme}://{self.opts.host}:{port}"
         self.kubeconfig = write_kubeconfigs(self.opts.data_dir, self.url, auth, ca_pem)
-        # The control loops use the API over loopback like any client, as the API
+        # The control loops use the API like any client (through the Unix socket), as the API
         # server's own identity: every write passes the same validation and watch.
-        self.client = Client(self.url, auth.token_for(APISERVER), ca_pem=ca_pem,
+        self.client = Client("http://localhost", auth.token_for(APISERVER), unix_socket=str(local),
                              user_agent="kube32-controller-manager")
         self.controllers = ControllerManager(self.client, self.opts.controllers)
         await self.controllers.start()
@@ -117,6 +145,8 @@ class ControlPlane:
             await self.store.close()  # ends open watches so the runner can finish
         if self.runner is not None:
             await self.runner.cleanup()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
 
 async def run_control_plane(opts: ControlPlaneOptions) -> int:

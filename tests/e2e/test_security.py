@@ -7,6 +7,7 @@ with the bootstrap token.
 * A node's own credentials read only its pods, and only the Secrets and
   Checkpoint data its pods name.
 * A kubelet's ``/checkpoint`` answers only the control plane, over TLS.
+* The controllers' Unix socket is the control plane user's alone and asks for a token.
 * Oversized and malformed bodies get a Status; the servers keep serving.
 """
 from __future__ import annotations
@@ -282,6 +283,29 @@ def test_kubelet_checkpoint_answers_only_the_control_plane(cluster: Cluster) -> 
     admin = cluster.token_of("kubernetes-admin")
     code, _ = cluster.call("POST", f"/api/v1/nodes/w1/proxy/checkpoint/{NS}/nope/main", admin)
     assert code not in (401, 403)
+
+
+def test_the_controllers_unix_socket_is_private_and_asks_for_a_token(cluster: Cluster) -> None:
+    """The controllers reach the API server over a Unix socket (no TLS inside one process):
+    only the control plane's user may open it, and it authenticates as the TCP port does."""
+    import http.client
+    import socket
+    import stat
+    path = cluster.cp.data_dir.resolve() / "apiserver.sock"
+    mode = path.stat().st_mode
+    assert stat.S_ISSOCK(mode) and mode & 0o777 == 0o600
+
+    def get(token: str | None) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("localhost", timeout=10)
+        conn.sock = socket.socket(socket.AF_UNIX)
+        conn.sock.connect(str(path))
+        conn.request("GET", "/api/v1/namespaces/default/secrets",
+                     headers={"Authorization": f"Bearer {token}"} if token else {})
+        r = conn.getresponse()
+        return r.status, r.read()
+    assert get(None)[0] == 401
+    assert get(JANE)[0] == 403
+    assert get(cluster.token_of("kubernetes-admin"))[0] == 200
 
 
 def test_a_runaway_call_ends_when_its_pod_is_deleted(cluster: Cluster) -> None:
