@@ -24,6 +24,7 @@ import asyncio
 import base64
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,9 @@ from .pods import PodWorker
 from .server import build_app, server_ssl
 
 log = logging.getLogger("kube32.kubelet")
+
+FROZEN_REPORT_DELAY = 0.15  # s: a frozen pod shows Ready=False this late at most (spec: within 2 s)
+MOVED_AWAY_SECONDS = 10.0  # s: requests for a pod that moved away answer 503 + Retry-After this long
 
 
 
@@ -97,6 +101,7 @@ class Kubelet:
         self.facts: nodeinfo.NodeFacts | None = None
         self.node_uid: str | None = None
         self._stopping: set[str] = set()
+        self.moved_away: dict[tuple[str, str], float] = {}  # (ns, name) -> when it left frozen
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()   # strong refs: the loop keeps only weak ones
         self._runner: web.AppRunner | None = None
@@ -252,12 +257,27 @@ class Kubelet:
 
     async def _stop_worker(self, worker: PodWorker) -> None:
         worker.terminating = True
+        left_frozen = worker.frozen_since is not None
         try:
             await worker.stop()
         finally:
             self.workers.pop(worker.uid, None)
             self._stopping.discard(worker.uid)
+            if left_frozen:
+                self._left_frozen(worker.namespace, worker.name)
             self.node_changed()
+
+    def _left_frozen(self, ns: str, name: str) -> None:
+        """A frozen pod was unbound from this node: a move replaced it elsewhere."""
+        now = time.monotonic()
+        self.moved_away = {k: t for k, t in self.moved_away.items() if now - t < MOVED_AWAY_SECONDS}
+        self.moved_away[(ns, name)] = now
+
+    def moved_away_lately(self, ns: str, name: str) -> bool:
+        """A request for this pod that still reached this node raced with its move (it was
+        routed while the pod was frozen here): the caller is told to ask again."""
+        at = self.moved_away.get((ns, name))
+        return at is not None and time.monotonic() - at < MOVED_AWAY_SECONDS
 
     async def _terminate(self, pod: dict[str, Any], worker: PodWorker | None) -> None:
         md = pod["metadata"]
@@ -275,11 +295,18 @@ class Kubelet:
             self._stopping.discard(md["uid"])
 
     def pod_frozen_changed(self, uid: str) -> None:
-        """Hook for freeze/thaw: the pod's Ready condition is written at once (a frozen
-        pod must leave its Services' endpoints before it is replaced: a request routed
-        to it later would find no pod on this node)."""
+        """Hook for freeze/thaw: a thaw's Ready=True is written at once; a freeze's
+        Ready=False after FROZEN_REPORT_DELAY (the spec allows 2 s).  A move's source pod
+        is usually replaced by then, so the write is not made at all instead of competing
+        with the move's own requests; a request routed to the frozen pod meanwhile gets
+        503 with Retry-After, before the replacement and after it (moved_away_lately)."""
         worker = self.workers.get(uid)
-        if worker is not None:
+        if worker is None:
+            return
+        inst = worker.instance
+        if inst is not None and inst.frozen:
+            asyncio.get_running_loop().call_later(FROZEN_REPORT_DELAY, worker.changed)
+        else:
             worker.changed()
 
     # --- HostServices (called on pod threads) -------------------------------------------

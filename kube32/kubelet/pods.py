@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kube32.kubelet.pods")
 
 FIRST_REPORT_GRACE = 0.05  # s
+STARTED_EVENT_WAIT = 1.0  # s: the Started event waits this long at most for the Running status
 
 
 def now() -> str:
@@ -71,6 +72,7 @@ class PodWorker:
         self._transitions: dict[str, tuple[str, str]] = {}
         self._written: Any = None
         self._dirty = asyncio.Event()
+        self._reported = asyncio.Event()  # set by each status write
         self._created = asyncio.Event()  # the container left ContainerCreating (started, failed...)
         self._exit: asyncio.Future | None = None
         self._pull_failures = 0
@@ -185,7 +187,11 @@ class PodWorker:
             return self._crashed(str(e), started_at)
         self.started = True
         self.state = {"running": {"startedAt": started_at}}
+        self._reported.clear()
         self.changed()
+        # The Running status first, the Started event after it: the status is what the
+        # control plane (a move's completion, a Service's endpoints) waits for.
+        await wait_set(self._reported, STARTED_EVENT_WAIT)
         how = f" (restored from checkpoint {restore_from})" if restore_from else ""
         await self.kl.events.record(self.pod, "Normal", "Started", f"Started container {self.container}{how}")
         code, reason, message = await exit_future
@@ -308,6 +314,7 @@ class PodWorker:
             self._dirty.clear()
             status = self.status()
             if status == self._written:
+                self._reported.set()
                 continue
             try:
                 await self.kl.client.patch(PODS, self.name, [
@@ -315,10 +322,12 @@ class PodWorker:
                     {"op": "replace", "path": "/status", "value": status}], self.namespace,
                     type="json", subresource="status")
                 self._written = status
+                self._reported.set()
             except ApiError as e:
                 if e.code in (404, 409, 422):
                     log.debug("pod %s/%s (%s) is gone or replaced: %s", self.namespace, self.name, self.uid, e)
                     self._written = status
+                    self._reported.set()
                     continue
                 log.warning("cannot write status of pod %s/%s: %s", self.namespace, self.name, e)
                 await asyncio.sleep(1)

@@ -142,6 +142,8 @@ async def healthz(kl: "Kubelet", request: web.Request) -> web.Response:
 async def pod_http(kl: "Kubelet", request: web.Request) -> web.Response:
     ns, name = request.match_info["ns"], request.match_info["pod"]
     worker = kl.worker_by_name(ns, name)
+    if worker is None and kl.moved_away_lately(ns, name):
+        return _text(503, f'pod "{ns}/{name}" moved away from node "{kl.options.node_name}"', {"Retry-After": "1"})
     if worker is None:
         return _text(404, f'pod "{ns}/{name}" is not running on node "{kl.options.node_name}"')
     inst = worker.instance

@@ -113,6 +113,10 @@ def test_counter_moves_with_its_state(cluster: ControlPlane, image: str) -> None
 
     new = running(cluster, "ctr")
     assert new["spec"]["nodeName"] == "sim-2" and new["metadata"]["uid"] != old["metadata"]["uid"]
+    # A request routed to the old node while the pod was frozen there, arriving after the
+    # move: told to ask again (the retry reaches the pod where it runs now), never a 404.
+    status, headers, body = api_call(cluster, "GET", "/api/v1/nodes/sim-1/proxy/pods/default/ctr/http/")
+    assert (status, headers.get("Retry-After")) == (503, "1") and b"moved away from node" in body, body
     assert "kube32.io/restore-from" not in (new["metadata"].get("annotations") or {})
     after = wait_for(lambda: (s := state(cluster, "ctr"))["events"] >= before["events"] + 2 and s, 10,
                      what="the held events")
