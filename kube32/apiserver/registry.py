@@ -34,6 +34,7 @@ from .selectors import FieldSelector, LabelSelector
 
 Obj = dict[str, Any]
 MAX_RETRIES = 16
+WATCH_DECODED_KEPT = 256  # recent versions decoded once for all watchers
 
 PATCH_JSON = "application/json-patch+json"
 PATCH_MERGE = "application/merge-patch+json"
@@ -79,6 +80,7 @@ class Registry:
         self.store = store
         # Hooks the server wires in (the registry imports nothing above it).
         self.before_delete: dict[str, Callable[[Resource, Obj], Awaitable[None]]] = {}
+        self._watch_objects: dict[tuple[str, int], Obj] = {}  # (key, revision) -> decoded, oldest first
 
     # --- reads --------------------------------------------------------------
     async def get(self, res: Resource, ns: str | None, name: str) -> Obj:
@@ -508,6 +510,18 @@ class Registry:
         return decode(out)
 
     # --- watch --------------------------------------------------------------
+    def _shared_decode(self, kv: KeyValue) -> Obj:
+        """One decoded copy of a stored version for every watcher it reaches (each write
+        fans out to the kubelets', the controllers' and users' watches).  Read-only: a
+        watcher that changes an object copies it."""
+        key = (kv.key, kv.mod_revision)
+        obj = self._watch_objects.get(key)
+        if obj is None:
+            if len(self._watch_objects) >= WATCH_DECODED_KEPT:
+                del self._watch_objects[next(iter(self._watch_objects))]
+            obj = self._watch_objects[key] = decode(kv)
+        return obj
+
     async def watch(self, res: Resource, ns: str | None, labels: LabelSelector | None,
                     fields: FieldSelector | None, resource_version: str | None
                     ) -> AsyncIterator[tuple[str, Obj]]:
@@ -532,8 +546,8 @@ class Registry:
             for obj in items:
                 yield "ADDED", obj
             async for ev in stream:
-                obj = decode(ev.kv)
-                prev = decode(ev.prev) if ev.prev is not None else None
+                obj = self._shared_decode(ev.kv)
+                prev = self._shared_decode(ev.prev) if ev.prev is not None else None
                 was = prev is not None and self.matches(res, prev, labels, fields)
                 if ev.type == "DELETE":
                     if was or (prev is None and self.matches(res, obj, labels, fields)):
@@ -548,8 +562,8 @@ class Registry:
                     # As Kubernetes' watch cache: the previous content, at this event's
                     # revision, so a kubelet sees the uid it ran go away.
                     assert prev is not None
-                    prev["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
-                    yield "DELETED", prev
+                    yield "DELETED", {**prev, "metadata": {**prev["metadata"],
+                                                           "resourceVersion": obj["metadata"]["resourceVersion"]}}
         except Compacted as e:
             raise errors.gone(f"too old resource version: {start} ({e.compacted_revision})") from None
         finally:
