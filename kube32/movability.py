@@ -14,6 +14,8 @@ from typing import Any, Iterable
 
 MIGRATION = "kube32.io/migration"
 RESTORE_FROM = "kube32.io/restore-from"
+# The facts of a stored snapshot in a Checkpoint's status (spec: "Checkpoint objects and data").
+SNAPSHOT_FACTS = ("sizeBytes", "snapshotSha256", "imageSha256", "podTimeMs")
 TRIGGER = "kube32.io/trigger"           # label: periodic, eviction, memory-pressure or placement
 PLACEMENT = "kube32.io/placement"       # "fastest"
 CHECKPOINT_INTERVAL = "kube32.io/checkpoint-interval"

@@ -13,7 +13,11 @@ asks that node's kubelet ``POST /checkpoint/<ns>/<pod>/<c>`` (the caller needs
 checkpoints/data``) and streams the answer straight into the data, checked as above.
 The snapshot then crosses the control plane once (one TLS read, one hash, one copy)
 instead of proxy -> controller -> upload.  The answer carries the kubelet's
-``X-Kube32-*`` headers (``X-Kube32-Frozen-At-Ms`` among them).  A kubelet that refuses
+``X-Kube32-*`` headers (``X-Kube32-Frozen-At-Ms`` among them) and the Checkpoint with
+the snapshot's facts in its status, which this request does not write: its caller does,
+with its next status write (the Checkpoint controller's Moving or Saved), so a move's
+critical path has one write fewer.  The data keeps its facts beside it: ``GET`` answers
+their headers either way.  A kubelet that refuses
 is answered as it answered, status and body, marked ``X-Kube32-From-Node: <node>``;
 an unreachable kubelet is 503 and a transfer that breaks is 502, both worded "the
 snapshot transfer from <node> failed: ...".
@@ -80,10 +84,15 @@ def _fresh_buffer(size: int) -> Buffer:
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
 
 
+FACT_HEADERS = (("X-Kube32-Snapshot-Sha256", "snapshotSha256"), ("X-Kube32-Image-Sha256", "imageSha256"),
+                ("X-Kube32-Pod-Time-Ms", "podTimeMs"))
+
+
 @dataclass(frozen=True)
 class Stored:
     data: Buffer
     name: str
+    facts: dict[str, Any]  # the snapshot's status facts (movability.SNAPSHOT_FACTS)
 
 
 class CheckpointDataSpace:
@@ -116,13 +125,16 @@ class CheckpointDataSpace:
     def release(self, size: int) -> None:
         self._reserved -= size
 
-    def commit(self, uid: str, name: str, data: Buffer) -> None:
+    def commit(self, uid: str, name: str, data: Buffer, facts: dict[str, Any]) -> None:
         self._reserved -= len(data)
-        self._items[uid] = Stored(data, name)
+        self._items[uid] = Stored(data, name, facts)
 
     def get(self, uid: str) -> Buffer | None:
         s = self._items.get(uid)
         return s.data if s else None
+
+    def stored(self, uid: str) -> Stored | None:
+        return self._items.get(uid)
 
     def drop(self, uid: str) -> None:
         self._items.pop(uid, None)
@@ -144,18 +156,15 @@ class CheckpointDataAPI:
     async def get(self, request: web.Request, t: "Target") -> web.StreamResponse:
         assert t.name is not None
         ck = await self.server.registry.get(t.res, t.namespace, t.name)
-        data = self.space.get(ck["metadata"]["uid"])
-        if data is None:
+        stored = self.space.stored(ck["metadata"]["uid"])
+        if stored is None:
             raise errors.APIError(404, "NotFound", f'checkpoint "{t.name}" has no data',
                                   details={"name": t.name, "group": "kube32.io", "kind": "checkpoints"})
-        view = memoryview(data)
+        view = memoryview(stored.data)
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         resp.content_length = len(view)
-        status = ck.get("status") or {}
-        for header, field in (("X-Kube32-Snapshot-Sha256", "snapshotSha256"),
-                              ("X-Kube32-Image-Sha256", "imageSha256"), ("X-Kube32-Pod-Time-Ms", "podTimeMs")):
-            if status.get(field) is not None:
-                resp.headers[header] = str(status[field])
+        for header, field in FACT_HEADERS:
+            resp.headers[header] = str(stored.facts[field])
         await resp.prepare(request)
         for off in range(0, len(view), ASYNC_WRITE):  # each write is encrypted and sent whole
             await resp.write(view[off: off + ASYNC_WRITE])
@@ -175,8 +184,10 @@ class CheckpointDataAPI:
         ck = await self.server.registry.get(t.res, t.namespace, t.name)
         return web.json_response(await self._store(t, ck, size, request.content))
 
-    async def _store(self, t: "Target", ck: dict[str, Any], size: int, stream: Any) -> dict[str, Any]:
-        """Receive ``size`` bytes of ``stream`` as ``ck``'s data; returns the Checkpoint."""
+    async def _store(self, t: "Target", ck: dict[str, Any], size: int, stream: Any,
+                     write_facts: bool = True) -> dict[str, Any]:
+        """Receive ``size`` bytes of ``stream`` as ``ck``'s data; returns the Checkpoint with
+        the snapshot's facts in its status (written to the store only with ``write_facts``)."""
         assert t.name is not None
         uid = ck["metadata"]["uid"]
         self.space.reserve(uid, size)
@@ -195,13 +206,14 @@ class CheckpointDataAPI:
             obj.setdefault("status", {}).update(facts)
             return obj
         try:
-            out = await self.server.registry.mutate(t.res, t.namespace, t.name, set_facts, subresource="status")
+            out = await self.server.registry.mutate(t.res, t.namespace, t.name, set_facts, subresource="status") \
+                if write_facts else set_facts(await self.server.registry.get(t.res, t.namespace, t.name))
         except BaseException:
             self.space.release(size)
             raise
         if _corrupts(ck):
             data[0][len(data[0]) // 2] ^= 0xFF
-        self.space.commit(uid, t.name, data[0])
+        self.space.commit(uid, t.name, data[0], facts)
         return out
 
     async def _pull(self, request: web.Request, t: "Target") -> web.StreamResponse:
@@ -240,7 +252,7 @@ class CheckpointDataAPI:
                 raise errors.APIError(502, "BadGateway", f"{failed}: the node sent a snapshot without a "
                                                          "Content-Length")
             try:
-                out = await self._store(t, ck, upstream.content_length, upstream.content)
+                out = await self._store(t, ck, upstream.content_length, upstream.content, write_facts=False)
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 raise errors.APIError(502, "BadGateway", f"{failed}: {e or type(e).__name__}") from None
         passed["X-Kube32-Snapshot-Sha256"] = out["status"]["snapshotSha256"]  # checked, from the trailer

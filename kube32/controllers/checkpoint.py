@@ -324,11 +324,13 @@ class CheckpointController(Controller):
                 await self._thaw(source, ns, pod_name, container)
             await self._fail(ck, pod, taken, "Move" if move else "Save")
             return
-        frozen_at, ck = taken
+        frozen_at, stored = taken
+        # The snapshot's facts, as the data's PUT answered them, go with the next status write.
+        facts = {k: v for k, v in _status(stored).items() if k in movability.SNAPSHOT_FACTS}
         if not move:
-            st = _status(ck)
+            st = _status(stored)
             await self._set_status(ck, phase="Saved", takenAt=rfc3339(), finishedAt=rfc3339(), message="",
-                                   **self._window_fields(ck))
+                                   **facts, **self._window_fields(ck))
             await self._event(pod, "Normal", "Checkpointed",
                               f"Saved the pod's state on {source}: {st.get('sizeBytes')} bytes in checkpoint "
                               f"{ck['metadata']['name']}")
@@ -337,11 +339,12 @@ class CheckpointController(Controller):
             new = await self._replace(pod, target, ck["metadata"]["name"])
         except ApiError as e:
             await self._thaw(source, ns, pod_name, container)
-            await self._fail(ck, pod, MoveError(f"the pod could not be replaced: {e.message}"), "Move")
+            await self._fail(ck, pod, MoveError(f"the pod could not be replaced: {e.message}"), "Move",
+                             facts=facts)
             return
         await self._set_status(ck, phase="Moving", takenAt=rfc3339(), targetNode=target, newPodName=pod_name,
                                newPodUID=new["metadata"]["uid"], frozenAtMs=frozen_at, movingSinceMs=_now_ms(),
-                               **self._window_fields(ck))
+                               **facts, **self._window_fields(ck))
         await self._event(new, "Normal", "Moving",
                           f"Replacement bound to {target}; restoring from checkpoint {ck['metadata']['name']}")
         self.queue.add_after(key_of(ck), self.rollback_seconds)
@@ -367,8 +370,7 @@ class CheckpointController(Controller):
                                            timeout=aiohttp.ClientTimeout(total=None, sock_read=180)) as r:
                 text = await r.text()
                 if r.status == 200:
-                    stored = self.latest.mutated(json.loads(text))
-                    return int(r.headers.get("X-Kube32-Frozen-At-Ms") or asked_at), stored
+                    return int(r.headers.get("X-Kube32-Frozen-At-Ms") or asked_at), json.loads(text)
                 if r.headers.get("X-Kube32-From-Node"):
                     raise MoveError(*self._kubelet_refusal(r.status, text))
                 try:
@@ -403,9 +405,9 @@ class CheckpointController(Controller):
             log.warning("cannot thaw %s/%s on %s: %s", ns, pod, node, e)
 
     async def _fail(self, ck: Obj, pod: Obj | None, e: MoveError, action: str,
-                    before_replacement: bool = True, guard: bool = False) -> None:
+                    before_replacement: bool = True, guard: bool = False, facts: Obj | None = None) -> None:
         await self._set_status(ck, guard, phase="Failed", message=e.message, blockers=e.blockers,
-                               finishedAt=rfc3339())
+                               finishedAt=rfc3339(), **(facts or {}))
         reason = "MoveFailed" if action == "Move" else "CheckpointFailed"
         await self._event(pod, "Warning", reason, e.message)
         evicted = (ck["metadata"].get("labels") or {}).get(TRIGGER) == "eviction"

@@ -43,8 +43,15 @@ def test_the_api_server_pulls_a_snapshot_from_the_node(sim_cluster: ControlPlane
         assert st["sizeBytes"] > 65536 and st["imageSha256"] == image.split(":")[1]
         assert int(headers["X-Kube32-Frozen-At-Ms"]) > 0
         assert headers["X-Kube32-Snapshot-Sha256"] == st["snapshotSha256"]
-        status, _, data = call(cluster, "GET", f"{CK}/data")
+        # The facts come back, not written (the caller writes them with its next status
+        # write); the data's GET answers their headers from the data itself.
+        stored = json.loads(cluster.kubectl("get", "ckpt", "pulled", "-o", "json").stdout).get("status") or {}
+        assert "snapshotSha256" not in stored and "sizeBytes" not in stored
+        status, headers, data = call(cluster, "GET", f"{CK}/data")
         assert status == 200 and len(data) == st["sizeBytes"] and data[-32:].hex() == st["snapshotSha256"]
+        assert headers["X-Kube32-Snapshot-Sha256"] == st["snapshotSha256"]
+        assert headers["X-Kube32-Image-Sha256"] == st["imageSha256"]
+        assert headers["X-Kube32-Pod-Time-Ms"] == str(st["podTimeMs"])
         assert state(cluster, "pullme")["requests"] == before["requests"] + 1, "left running, and answers"
 
         # The kubelet's own answer: the digest header up front by default; with sha256=trailer
