@@ -265,24 +265,42 @@ async def thaw_forgotten(kl: "Kubelet") -> None:
                 await _thaw(kl, worker, inst)
 
 
-async def restore(kl: "Kubelet", instance: Pod, namespace: str, checkpoint_name: str) -> None:
+class DataRequest:
+    """A restore's ``GET .../checkpoints/<name>/data``, sent as soon as the pod's worker
+    starts: its round trip through the API server overlaps the module's load, the pod's
+    config and the instantiation.  ``close`` releases an answer nobody read."""
+
+    def __init__(self, kl: "Kubelet", namespace: str, checkpoint_name: str) -> None:
+        self.checkpoint_name = checkpoint_name
+        self.response: asyncio.Future[aiohttp.ClientResponse] = asyncio.ensure_future(kl.client.request(
+            "GET", CHECKPOINTS.path(namespace, checkpoint_name, "data"),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=60)))
+
+    async def close(self) -> None:
+        if not self.response.done():
+            self.response.cancel()
+        await asyncio.wait([self.response])
+        if not self.response.cancelled() and self.response.exception() is None:
+            self.response.result().release()
+
+
+async def restore(kl: "Kubelet", instance: Pod, request: DataRequest) -> None:
     """Stream the Checkpoint's data into ``instance`` and finish the restore."""
-    path = CHECKPOINTS.path(namespace, checkpoint_name, "data")
-    # The instance is made on a thread while the data's request goes out: its round trip
-    # through the API server overlaps the instantiation.
+    # The instance is made on a thread while the data's answer comes.
     prepared = asyncio.ensure_future(asyncio.to_thread(instance.prepare_restore))
     try:
-        await _read_and_finish(kl, instance, path, checkpoint_name, prepared)
+        await _read_and_finish(kl, instance, request, prepared)
     finally:
         await asyncio.wait([prepared])  # never hand back an instance still being made
         if not prepared.cancelled():
             prepared.exception()  # seen: reported above, or superseded by the request's failure
 
 
-async def _read_and_finish(kl: "Kubelet", instance: Pod, path: str, checkpoint_name: str,
+async def _read_and_finish(kl: "Kubelet", instance: Pod, request: DataRequest,
                            prepared: "asyncio.Future[Any]") -> None:
+    checkpoint_name = request.checkpoint_name
     try:
-        async with kl.client.request("GET", path, timeout=aiohttp.ClientTimeout(total=None, sock_read=60)) as r:
+        async with await request.response as r:
             try:
                 reader = await prepared
             except PodError as e:

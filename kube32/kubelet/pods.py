@@ -33,7 +33,7 @@ from ..movability import RESTORE_FROM
 from ..wasm import ImageError, Pod, PodError
 from .images import PullError, expected_digest
 from .logs import LogBuffer
-from .migration import RestoreError, restore
+from .migration import DataRequest, RestoreError, restore
 from .podspec import ConfigError, pod_config
 
 if TYPE_CHECKING:
@@ -129,6 +129,15 @@ class PodWorker:
 
     async def _attempt(self) -> str:
         """One try at running the container: "done", "retry" (pull/config) or "crash"."""
+        wanted = None if self._restore_tried else self._restore_annotation()
+        request = DataRequest(self.kl, self.namespace, wanted) if wanted else None
+        try:
+            return await self._attempt_with(request)
+        finally:
+            if request is not None:
+                await request.close()
+
+    async def _attempt_with(self, data_request: DataRequest | None) -> str:
         ann = self.pod["metadata"].get("annotations") or {}
         try:
             data = await self.kl.images.pull(self.image, ann)
@@ -171,7 +180,9 @@ class PodWorker:
         restore_from = self._restore_from()
         try:
             if restore_from:
-                await restore(self.kl, instance, self.namespace, restore_from)
+                if data_request is None or data_request.checkpoint_name != restore_from:
+                    data_request = DataRequest(self.kl, self.namespace, restore_from)
+                await restore(self.kl, instance, data_request)
             else:
                 await asyncio.to_thread(instance.start)
         except RestoreError as e:
@@ -222,8 +233,10 @@ class PodWorker:
         if self._restore_tried:
             return None
         self._restore_tried = True
-        name = (self.pod["metadata"].get("annotations") or {}).get(RESTORE_FROM)
-        return name or None
+        return self._restore_annotation()
+
+    def _restore_annotation(self) -> str | None:
+        return (self.pod["metadata"].get("annotations") or {}).get(RESTORE_FROM) or None
 
     def _crashed(self, message: str, started_at: str | None = None) -> str:
         self._terminated(1, "Error", message, started_at)
