@@ -77,6 +77,7 @@ class PodWorker:
         self._exit: asyncio.Future | None = None
         self._pull_failures = 0
         self._restore_tried = False
+        self._data_request: DataRequest | None = None  # a restore's data GET, sent ahead
         self.frozen_since: float | None = None     # monotonic time a checkpoint froze it
         self.snapshot_digest: tuple[Any, str] | None = None  # (frozen state, trailer hex)
         self._task = asyncio.create_task(self._run(), name=f"pod {self.namespace}/{self.name}")
@@ -129,15 +130,14 @@ class PodWorker:
 
     async def _attempt(self) -> str:
         """One try at running the container: "done", "retry" (pull/config) or "crash"."""
-        wanted = None if self._restore_tried else self._restore_annotation()
-        request = DataRequest(self.kl, self.namespace, wanted) if wanted else None
         try:
-            return await self._attempt_with(request)
+            return await self._attempt_once()
         finally:
-            if request is not None:
+            if self._data_request is not None:
+                request, self._data_request = self._data_request, None
                 await request.close()
 
-    async def _attempt_with(self, data_request: DataRequest | None) -> str:
+    async def _attempt_once(self) -> str:
         ann = self.pod["metadata"].get("annotations") or {}
         try:
             data = await self.kl.images.pull(self.image, ann)
@@ -153,6 +153,12 @@ class PodWorker:
             return "retry"
         self._pull_failures = 0
         self.image_id = f"kube32.io/wasm-sha256:{module.sha256}"
+        wanted = None if self._restore_tried else self._restore_annotation()
+        if wanted:
+            # A restore's data request goes out now: its round trip overlaps the config and
+            # the instantiation (not before the image is loaded: a slow pull would leave
+            # the answer waiting in buffers).
+            self._data_request = DataRequest(self.kl, self.namespace, wanted)
         try:
             config = await pod_config(self.kl.client, self.pod, self.kl.ip, self.kl.options.call_timeout_ms)
         except ConfigError as e:
@@ -180,9 +186,11 @@ class PodWorker:
         restore_from = self._restore_from()
         try:
             if restore_from:
-                if data_request is None or data_request.checkpoint_name != restore_from:
-                    data_request = DataRequest(self.kl, self.namespace, restore_from)
-                await restore(self.kl, instance, data_request)
+                if self._data_request is None or self._data_request.checkpoint_name != restore_from:
+                    if self._data_request is not None:
+                        await self._data_request.close()
+                    self._data_request = DataRequest(self.kl, self.namespace, restore_from)
+                await restore(self.kl, instance, self._data_request)
             else:
                 await asyncio.to_thread(instance.start)
         except RestoreError as e:
