@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from aiohttp import web
 
 from .. import movability
+from ..intstr import scaled_value
 from . import errors, meta
 from .registry import Registry
 from .resources import by_plural
@@ -65,26 +65,6 @@ def pod_ready(pod: Obj) -> bool:
 
 def pod_healthy(pod: Obj) -> bool:
     return not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_ready(pod)
-
-
-def int_or_percent(value: Any, total: int) -> int:
-    """An IntOrString against ``total``: "50%" rounds up, as Kubernetes' budgets do."""
-    if isinstance(value, bool):
-        raise ValueError(f"invalid value {value!r}: must be an integer or a percentage")
-    if isinstance(value, int):
-        return value
-    text = str(value).strip()
-    if text.endswith("%"):
-        try:
-            return math.ceil(int(text[:-1]) * total / 100)
-        except ValueError:
-            pass
-    else:
-        try:
-            return int(text)
-        except ValueError:
-            pass
-    raise ValueError(f"invalid value {value!r}: must be an integer or a percentage")
 
 
 @dataclass(frozen=True)
@@ -126,11 +106,11 @@ def budget_status(pdb: Obj, pods: list[Obj], scale_of: dict[str, int] | None = N
     spec = pdb.get("spec") or {}
     if spec.get("maxUnavailable") is not None:
         expected = expected_count(mine, scale_of or {})
-        desired = max(0, expected - int_or_percent(spec["maxUnavailable"], expected))
+        desired = max(0, expected - scaled_value(spec["maxUnavailable"], expected, round_up=True))
     elif spec.get("minAvailable") is not None:
         value = spec["minAvailable"]
         expected = expected_count(mine, scale_of or {}) if isinstance(value, str) and value.strip().endswith("%") else len(mine)
-        desired = int_or_percent(value, expected)
+        desired = scaled_value(value, expected, round_up=True)
     else:
         expected, desired = len(mine), len(mine)
     return BudgetStatus(expected, healthy, desired, max(0, healthy - desired))

@@ -33,6 +33,7 @@ import logging
 from typing import Any
 
 from ..client import DAEMONSETS, NODES, PODS, ApiError
+from ..intstr import scaled_value
 from . import podutil as pu
 from .base import Controller
 
@@ -253,7 +254,7 @@ class DaemonSetController(Controller):
         mrs = int(spec.get("minReadySeconds") or 0)
         eligible = [n for n, node in nodes.items() if node_eligibility((spec.get("template") or {}).get("spec") or {}, node)[0]]
         ru = (spec.get("updateStrategy") or {}).get("rollingUpdate") or {}
-        budget = max(pu.scaled_value(ru.get("maxUnavailable", 1), len(eligible), round_up=True), 1) \
+        budget = max(scaled_value(ru.get("maxUnavailable", 1), len(eligible), round_up=True), 1) \
             if eligible else 0
         unavailable = 0
         outdated_available: list[Obj] = []

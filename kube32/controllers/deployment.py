@@ -33,6 +33,7 @@ import logging
 from typing import Any
 
 from ..client import DEPLOYMENTS, PODS, REPLICASETS, ApiError
+from ..intstr import scaled_value
 from . import podutil as pu
 from .base import Controller, split_key
 
@@ -75,8 +76,8 @@ def resolve_fenceposts(d: Obj) -> tuple[int, int]:
     """(maxSurge, maxUnavailable) as absolute numbers; never both 0 (k8s ResolveFenceposts)."""
     ru = ((d.get("spec") or {}).get("strategy") or {}).get("rollingUpdate") or {}
     want = _replicas(d)
-    surge = pu.scaled_value(ru.get("maxSurge", "25%"), want, round_up=True)
-    unavailable = pu.scaled_value(ru.get("maxUnavailable", "25%"), want, round_up=False)
+    surge = scaled_value(ru.get("maxSurge", "25%"), want, round_up=True)
+    unavailable = scaled_value(ru.get("maxUnavailable", "25%"), want, round_up=False)
     if surge == 0 and unavailable == 0:
         unavailable = 1
     return surge, unavailable

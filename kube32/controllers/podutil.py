@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+
 Obj = dict[str, Any]
 
 POD_TEMPLATE_HASH = "pod-template-hash"
@@ -230,29 +231,6 @@ def pod_from_template(template: Obj, owner: Obj, api_version: str, kind: str, *,
         meta["finalizers"] = list(tmd["finalizers"])
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": copy.deepcopy((template or {}).get("spec") or {})}
-
-
-# --- int-or-percent -----------------------------------------------------------------
-def scaled_value(value: Any, total: int, round_up: bool) -> int:
-    """An IntOrString (``2`` or ``"25%"``) against ``total``; as intstr.GetScaledValueFromIntOrPercent."""
-    if value is None:
-        return 0
-    if isinstance(value, bool):
-        raise ValueError(f"invalid value {value!r}: must be an integer or a percentage")
-    if isinstance(value, int):
-        return value
-    text = str(value).strip()
-    if text.endswith("%"):
-        try:
-            pct = int(text[:-1])
-        except ValueError:
-            raise ValueError(f"invalid value {value!r}: must be an integer or a percentage") from None
-        num = pct * total
-        return -(-num // 100) if round_up else num // 100
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"invalid value {value!r}: must be an integer or a percentage") from None
 
 
 # --- expectations -------------------------------------------------------------------

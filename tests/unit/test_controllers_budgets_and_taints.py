@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kube32.apiserver.eviction import budget_status, int_or_percent, pdb_selects
+from kube32.apiserver.eviction import budget_status, pdb_selects
+from kube32.intstr import scaled_value
 from kube32.controllers.nodelifecycle import (NOT_READY, UNREACHABLE, eviction_deadline, parse_time, rfc3339,
                                               toleration_seconds, with_lifecycle_taints)
 from kube32.controllers.podgc import grace_over
@@ -34,10 +35,10 @@ def test_selectors_null_selects_nothing_empty_selects_all() -> None:
 
 
 def test_int_or_percent_rounds_up_and_names_bad_values() -> None:
-    assert int_or_percent(2, 10) == 2 and int_or_percent("3", 10) == 3
-    assert int_or_percent("50%", 3) == 2 and int_or_percent("0%", 3) == 0
+    assert scaled_value(2, 10, True) == 2 and scaled_value("3", 10, True) == 3
+    assert scaled_value("50%", 3, True) == 2 and scaled_value("0%", 3, True) == 0
     with pytest.raises(ValueError, match="'half'"):
-        int_or_percent("half", 3)
+        scaled_value("half", 3, True)
 
 
 def test_min_available_counts_healthy_pods() -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from kube32.intstr import scaled_value
+
 from kube32.client import DAEMONSETS, DEPLOYMENTS, EVENTS, NODES, PODS, REPLICASETS, ApiError, Kind
 from kube32.controllers import podutil as pu
 from kube32.controllers.base import ControllerContext, ControllerOptions, SharedInformers
@@ -302,7 +304,7 @@ def test_fenceposts_round_as_kubernetes() -> None:
     assert resolve_fenceposts(deployment(3, surge=0, unavailable=0)) == (0, 1)
     assert resolve_fenceposts(deployment(5, surge=2, unavailable="50%")) == (2, 2)
     with pytest.raises(ValueError):
-        pu.scaled_value("lots", 3, True)
+        scaled_value("lots", 3, True)
 
 
 def set_rs_status(api: FakeApi, name: str, n: int) -> None:
