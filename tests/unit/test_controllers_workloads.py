@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 
-from kube32.intstr import scaled_value
-
 from kube32.client import DAEMONSETS, DEPLOYMENTS, EVENTS, NODES, PODS, REPLICASETS, ApiError, Kind
 from kube32.controllers import podutil as pu
 from kube32.controllers.base import ControllerContext, ControllerOptions, SharedInformers
@@ -24,6 +22,7 @@ from kube32.controllers.daemonset import DaemonSetController, node_eligibility, 
 from kube32.controllers.deployment import DeploymentController, resolve_fenceposts
 from kube32.controllers.endpoints import desired_slices, desired_subsets, resolve_port
 from kube32.controllers.replicaset import ReplicaSetController
+from kube32.intstr import scaled_value
 
 Obj = dict[str, Any]
 
