@@ -50,7 +50,6 @@ FROZEN_REPORT_DELAY = 0.15  # s: a frozen pod shows Ready=False this late at mos
 MOVED_AWAY_SECONDS = 10.0  # s: requests for a pod that moved away answer 503 + Retry-After this long
 
 
-
 @dataclass(frozen=True)
 class KubeletOptions:
     node_name: str

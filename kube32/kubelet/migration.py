@@ -266,9 +266,9 @@ async def thaw_forgotten(kl: "Kubelet") -> None:
 
 
 class DataRequest:
-    """A restore's ``GET .../checkpoints/<name>/data``, sent as soon as the pod's worker
-    starts: its round trip through the API server overlaps the module's load, the pod's
-    config and the instantiation.  ``close`` releases an answer nobody read."""
+    """A restore's ``GET .../checkpoints/<name>/data``, sent once the pod's module is
+    loaded: its round trip through the API server overlaps the pod's config and the
+    instantiation.  ``close`` releases an answer nobody read (idempotent)."""
 
     def __init__(self, kl: "Kubelet", namespace: str, checkpoint_name: str) -> None:
         self.checkpoint_name = checkpoint_name

@@ -190,7 +190,11 @@ class PodWorker:
                     if self._data_request is not None:
                         await self._data_request.close()
                     self._data_request = DataRequest(self.kl, self.namespace, restore_from)
-                await restore(self.kl, instance, self._data_request)
+                request, self._data_request = self._data_request, None
+                try:
+                    await restore(self.kl, instance, request)
+                finally:
+                    await request.close()
             else:
                 await asyncio.to_thread(instance.start)
         except RestoreError as e:
