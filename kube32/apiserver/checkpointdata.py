@@ -129,10 +129,6 @@ class CheckpointDataSpace:
         self._reserved -= len(data)
         self._items[uid] = Stored(data, name, facts)
 
-    def get(self, uid: str) -> Buffer | None:
-        s = self._items.get(uid)
-        return s.data if s else None
-
     def stored(self, uid: str) -> Stored | None:
         return self._items.get(uid)
 
