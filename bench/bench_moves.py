@@ -256,30 +256,31 @@ async def restore_memory(cluster: Cluster, pod: str) -> Obj:
 
 # --- 4 -------------------------------------------------------------------------------------
 
-class PodWatch:
-    """A watch on pods, open all along: ``until(accept)`` gives the time at which the first
-    pod event ``accept`` takes arrived.  Nothing polls the control plane while a figure is
+class EventWatch:
+    """A watch on one kind, open all along: ``until(since, accept)`` gives the time at which
+    the first event ``accept`` takes arrived after ``since``, and ``seen`` keeps every event
+    as ``(time, type, object)``.  Nothing polls the control plane while a figure is
     measured (a LIST every few ms was a load on its one event loop, in the figure itself)."""
 
-    def __init__(self, api: Any, namespace: str, selector: str) -> None:
-        self.api, self.namespace, self.selector = api, namespace, selector
-        self.seen: list[tuple[float, Obj]] = []
+    def __init__(self, api: Any, kind: Any, namespace: str, selector: str | None = None) -> None:
+        self.api, self.kind, self.namespace, self.selector = api, kind, namespace, selector
+        self.seen: list[tuple[float, str, Obj]] = []
         self.arrived = asyncio.Event()
         self._task: asyncio.Task | None = None
 
     async def _run(self) -> None:
-        _, rv = await self.api.list(PODS, self.namespace, label_selector=self.selector)
+        _, rv = await self.api.list(self.kind, self.namespace, label_selector=self.selector)
         while True:
             try:
-                async for _type, pod in self.api.watch(PODS, self.namespace, label_selector=self.selector,
+                async for etype, obj in self.api.watch(self.kind, self.namespace, label_selector=self.selector,
                                                        resource_version=rv):
-                    self.seen.append((time.monotonic(), pod))
-                    rv = pod["metadata"].get("resourceVersion", rv)
+                    self.seen.append((time.monotonic(), etype, obj))
+                    rv = obj["metadata"].get("resourceVersion", rv)
                     self.arrived.set()
             except ApiError:
-                _, rv = await self.api.list(PODS, self.namespace, label_selector=self.selector)
+                _, rv = await self.api.list(self.kind, self.namespace, label_selector=self.selector)
 
-    async def __aenter__(self) -> "PodWatch":
+    async def __aenter__(self) -> "EventWatch":
         self._task = asyncio.create_task(self._run())
         await asyncio.sleep(0.3)  # the watch is open before the first action it times
         return self
@@ -292,35 +293,42 @@ class PodWatch:
     async def until(self, since: float, accept: Any, timeout: float = 60) -> tuple[float, Obj]:
         deadline = time.monotonic() + timeout
         while True:
-            for at, pod in self.seen:
-                if at >= since and accept(pod):
-                    return at, pod
+            for at, _, obj in self.seen:
+                if at >= since and accept(obj):
+                    return at, obj
             self.arrived.clear()
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RuntimeError("timed out waiting for a pod event")
+                raise RuntimeError(f"timed out waiting for a {self.kind.plural} event")
             try:
                 await asyncio.wait_for(self.arrived.wait(), left)
             except asyncio.TimeoutError:
                 pass
 
 
+def deployment(image: str, name: str = "dep") -> Obj:
+    """One replica of the counter, labelled app=<name>."""
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "main", "image": image}]}}}}
+
+
+def serving(pod: Obj) -> bool:
+    """Ready and not being deleted."""
+    return not pod["metadata"].get("deletionTimestamp") and pod_ready(pod)
+
+
 async def move_vs_restart(cluster: Cluster, runs: int) -> Obj:
     api = cluster.api
-    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "dep"},
-           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "dep"}},
-                    "template": {"metadata": {"labels": {"app": "dep"}},
-                                 "spec": {"containers": [{"name": "main", "image": cluster.image}]}}}}
-    await api.create(DEPLOYMENTS, dep, "default")
+    await api.create(DEPLOYMENTS, deployment(cluster.image), "default")
 
     async def ready_pod() -> Obj | None:
         items, _ = await api.list(PODS, "default", label_selector="app=dep")
-        return next((p for p in items if not p["metadata"].get("deletionTimestamp") and pod_ready(p)), None)
+        return next((p for p in items if serving(p)), None)
 
-    def running(p: Obj) -> bool:
-        return not p["metadata"].get("deletionTimestamp") and pod_ready(p)
     moves, restarts = [], []
-    async with PodWatch(api, "default", "app=dep") as pods:
+    async with EventWatch(api, PODS, "default", "app=dep") as pods:
         for _ in range(runs):
             pod = await cluster.wait(ready_pod, 60, "the Deployment's pod Ready", interval=0.05)
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
@@ -331,7 +339,7 @@ async def move_vs_restart(cluster: Cluster, runs: int) -> Obj:
             await api.create(CHECKPOINTS, {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
                                            "metadata": {"name": ck}, "spec": {"podName": name, "action": "Move"}},
                              "default")
-            at, _ = await pods.until(started, lambda p: running(p) and p["metadata"]["uid"] != uid)
+            at, _ = await pods.until(started, lambda p: serving(p) and p["metadata"]["uid"] != uid)
             moves.append((at - started) * 1000)
             restored = (await pod_state(api, name))[1] or {}
             if restored.get("restored_calls") != 1:
@@ -342,7 +350,7 @@ async def move_vs_restart(cluster: Cluster, runs: int) -> Obj:
             await asyncio.sleep(0.2)
             started = time.monotonic()
             await api.delete(PODS, name, "default")
-            at, _ = await pods.until(started, lambda p: running(p) and p["metadata"]["name"] != name)
+            at, _ = await pods.until(started, lambda p: serving(p) and p["metadata"]["name"] != name)
             restarts.append((at - started) * 1000)
     await api.delete(DEPLOYMENTS, "dep", "default")
     await cluster.wait(lambda: _no_pods(cluster, "app=dep"), 60, "the Deployment's pods gone", interval=0.1)

@@ -156,7 +156,8 @@ class MutationCache:
             del self._mine[key]
 
     def mutated(self, obj: Obj) -> Obj:
-        """Remember ``obj``, as a write of this controller returned it; returns it."""
+        """Remember ``obj``, a copy the controller got from the API (its write's answer, or a
+        GET) that may be newer than the informer's; returns it."""
         key = key_of(obj)
         cached = self.informer.get(key)
         seen, own = (_revision(cached) if cached else None), _revision(obj)
