@@ -20,7 +20,9 @@ Invariants:
   decoding by :func:`admit`, so a node cannot create another node's Node or Lease.
 * A node reads only what its pods need: its pods (list/watch only with
   ``fieldSelector=spec.nodeName=<itself>``), the ConfigMaps and Secrets they
-  name, and the Checkpoint data their ``kube32.io/restore-from`` names; it writes
+  name, and the Checkpoint data their ``kube32.io/restore-from`` names; and the
+  Checkpoints of moves toward it (list/watch only with ``fieldSelector=
+  status.targetNode=<itself>``; their data while the move is Saving or Moving); it writes
   only its own Node, Lease and its pods' status.  Everything else of these kinds
   is a 403 that says why.
 * A refusal is a 403 whose message is Kubernetes', word for word:
@@ -153,9 +155,12 @@ def pod_references(pod: dict[str, Any]) -> dict[str, set[str]]:
     return refs
 
 
-def _selects_node(field_selector: str, node: str) -> bool:
+def _selects(field_selector: str, field: str, node: str) -> bool:
     terms = [t.strip() for t in field_selector.split(",") if t.strip()]
-    return any(t in (f"spec.nodeName={node}", f"spec.nodeName=={node}") for t in terms)
+    return any(t in (f"{field}={node}", f"{field}=={node}") for t in terms)
+
+
+MOVE_UNDER_WAY = ("Saving", "Moving")  # Checkpoint phases whose target may read the data
 
 
 _NO_RELATION = "no relationship found between node '{node}' and this object"
@@ -219,10 +224,7 @@ class NodeAuthorizer:
                 return Decision.ALLOW, ""
             return Decision.DENY, deny
         if key == ("kube32.io", "checkpoints"):
-            if a.verb == "get" and a.subresource in ("", "data") and a.name and \
-                    await self._referenced(node, "checkpoints", a.namespace, a.name):
-                return Decision.ALLOW, ""
-            return Decision.DENY, deny
+            return await self._checkpoints(a, node, deny)
         if key == ("coordination.k8s.io", "leases"):
             if a.namespace == NODE_LEASE_NAMESPACE and not a.subresource and (
                     a.name == node or (a.verb == "create" and not a.name)):
@@ -249,9 +251,29 @@ class NodeAuthorizer:
                 return Decision.ALLOW, ""
         return Decision.NO_OPINION, ""
 
+    async def _checkpoints(self, a: Attributes, node: str, deny: str) -> tuple[Decision, str]:
+        if a.verb in ("list", "watch") and not a.subresource:
+            if _selects(a.field_selector, "status.targetNode", node):
+                return Decision.ALLOW, ""
+            return Decision.DENY, (f"node '{node}' may only list and watch checkpoints with fieldSelector "
+                                   f"status.targetNode={node}")
+        if a.verb == "get" and a.subresource in ("", "data") and a.name and (
+                await self._move_target(node, a.namespace, a.name)
+                or await self._referenced(node, "checkpoints", a.namespace, a.name)):
+            return Decision.ALLOW, ""
+        return Decision.DENY, deny
+
+    async def _move_target(self, node: str, namespace: str, name: str) -> bool:
+        """Whether ``node`` is the target of this Checkpoint's move under way: it may read the
+        data before the replacement is bound to it (kube32.kubelet.prefetch)."""
+        from .resources import by_plural
+        ck = await self.registry.try_get(by_plural("checkpoints"), namespace, name)
+        st = (ck or {}).get("status") or {}
+        return st.get("targetNode") == node and st.get("phase") in MOVE_UNDER_WAY
+
     async def _pods(self, a: Attributes, node: str, deny: str) -> tuple[Decision, str]:
         if a.verb in ("list", "watch") and not a.subresource:
-            if _selects_node(a.field_selector, node):
+            if _selects(a.field_selector, "spec.nodeName", node):
                 return Decision.ALLOW, ""
             return Decision.DENY, f"node '{node}' may only list and watch pods with fieldSelector spec.nodeName={node}"
         allowed = {"": ("get", "delete"), "status": ("get", "update", "patch"), "eviction": ("create",)}

@@ -4,7 +4,11 @@
 with a Content-Length), checks magic, version and trailer as it arrives (422 when
 wrong, nothing stored), sets ``status.sizeBytes``, ``snapshotSha256``, ``imageSha256``
 and ``podTimeMs`` from it and answers the Checkpoint.  ``GET`` answers the bytes, or
-404 while the Checkpoint has none.
+404 while the Checkpoint has none.  ``GET ?waitSeconds=<n>`` (0-60, default 0): while
+the Checkpoint is ``Saving`` (its data on the way), the answer waits up to n seconds for
+the upload or pull under way to end, then answers as above.  A move's target kubelet
+sends its data GET so as soon as it learns it is the target (see kube32.kubelet.prefetch):
+the bytes leave the moment they are stored, while the controller replaces the pod.
 
 ``PUT checkpoints/<name>/data?fromNode=<node>&pod=<pod>&container=<c>[&leave=running|
 frozen][&timeoutMs=<ms>]`` (no body) has the API server take the snapshot itself: it
@@ -35,6 +39,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 from collections import OrderedDict
@@ -86,6 +91,22 @@ def _fresh_buffer(size: int) -> Buffer:
 
 FACT_HEADERS = (("X-Kube32-Snapshot-Sha256", "snapshotSha256"), ("X-Kube32-Image-Sha256", "imageSha256"),
                 ("X-Kube32-Pod-Time-Ms", "podTimeMs"))
+
+
+WAIT_MAX_SECONDS = 60
+
+
+def wait_seconds(query: Any) -> float:
+    """``waitSeconds`` of a data GET: 0 (the default) to 60."""
+    raw = query.get("waitSeconds", "0")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= WAIT_MAX_SECONDS:
+        raise errors.bad_request(f'waitSeconds must be a whole number of seconds from 0 to {WAIT_MAX_SECONDS}, '
+                                 f'not "{raw}"')
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -142,17 +163,20 @@ class CheckpointDataAPI:
     def __init__(self, server: "APIServer", space: CheckpointDataSpace) -> None:
         self.server = server
         self.space = space
+        # GETs waiting for data on its way (waitSeconds), by (namespace, name)
+        self._waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
         server.sub_handlers[("checkpoints", "data", "GET")] = self.get
         server.sub_handlers[("checkpoints", "data", "PUT")] = self.put
         server.registry.before_delete["checkpoints"] = self._on_delete
 
     async def _on_delete(self, res: Resource, obj: dict[str, Any]) -> None:
         self.space.drop(obj["metadata"]["uid"])
+        self._settled(obj["metadata"].get("namespace"), obj["metadata"]["name"])
 
     async def get(self, request: web.Request, t: "Target") -> web.StreamResponse:
-        assert t.name is not None
-        ck = await self.server.registry.get(t.res, t.namespace, t.name)
-        stored = self.space.stored(ck["metadata"]["uid"])
+        assert t.name is not None and t.namespace is not None
+        wait = wait_seconds(request.query)
+        stored = await self._stored_or_wait(t, wait)
         if stored is None:
             raise errors.APIError(404, "NotFound", f'checkpoint "{t.name}" has no data',
                                   details={"name": t.name, "group": "kube32.io", "kind": "checkpoints"})
@@ -167,7 +191,43 @@ class CheckpointDataAPI:
         await resp.write_eof()
         return resp
 
+    async def _stored_or_wait(self, t: "Target", wait: float) -> Stored | None:
+        """The Checkpoint's data; while the Checkpoint is Saving (its data on the way), wait
+        up to ``wait`` seconds for the upload or pull under way to end."""
+        assert t.name is not None and t.namespace is not None
+        key = (t.namespace, t.name)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            # Registered before the read: an upload that ends while the read waits still wakes us.
+            settled = loop.create_future()
+            self._waiting.setdefault(key, set()).add(settled)
+            try:
+                ck = await self.server.registry.get(t.res, t.namespace, t.name)
+                stored = self.space.stored(ck["metadata"]["uid"])
+                left = deadline - loop.time()
+                if stored is not None or (ck.get("status") or {}).get("phase") != "Saving" or left <= 0:
+                    return stored
+                await asyncio.wait([settled], timeout=left)
+            finally:
+                waiters = self._waiting.get(key, set())
+                waiters.discard(settled)
+                if not waiters:
+                    self._waiting.pop(key, None)
+
+    def _settled(self, namespace: str | None, name: str | None) -> None:
+        """An upload or pull of this Checkpoint's data ended (stored or not): waiting GETs look again."""
+        for waiter in self._waiting.get((namespace or "", name or ""), ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
     async def put(self, request: web.Request, t: "Target") -> web.StreamResponse:
+        try:
+            return await self._put(request, t)
+        finally:
+            self._settled(t.namespace, t.name)
+
+    async def _put(self, request: web.Request, t: "Target") -> web.StreamResponse:
         assert t.name is not None
         if request.query.get("fromNode"):
             return await self._pull(request, t)

@@ -3,7 +3,8 @@
 Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
 
 * ``Pending`` -> check the pod spec for blockers and pick the target (Move), then
-  ``Saving``: ask the pod's kubelet for a snapshot (``leave=running`` for Save,
+  ``Saving`` (with ``status.targetNode`` for a Move, so the target's kubelet asks for
+  the data before it is stored: kube32.kubelet.prefetch): ask the pod's kubelet for a snapshot (``leave=running`` for Save,
   ``leave=frozen`` for Move) through the node proxy and stream it straight into
   the Checkpoint's data.  Save ends ``Saved``.  Move replaces the pod in one write
   (``pods/<name>/replacement``: same name, spec, labels and owners, a new uid,
@@ -241,7 +242,10 @@ class CheckpointController(Controller):
         # restore of one move overlap the next one's snapshot (a drain moves pods in a row).
         # Saving is written before the lock is taken: a Saving Checkpoint is only ever looked at
         # by its own sync (running here) or, after a control plane restart, found interrupted.
-        ck = await self._set_status(ck, guard, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"])
+        # A move's target is named from Saving on: its kubelet asks for the data at once (a
+        # GET that waits for it), so the bytes reach it while the pod is being replaced.
+        ck = await self._set_status(ck, guard, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"],
+                                    **({"targetNode": target} if target else {}))
         async with self.snapshot_lock:
             leave = "running" if target is None else "frozen"
             window = [_now_ms()]

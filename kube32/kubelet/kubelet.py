@@ -2,7 +2,8 @@
 
 ``Kubelet(client, options)``; ``await start()`` measures the interpreter (unless
 given), opens the endpoint, registers the Node, starts the Lease, the pod
-informer (``fieldSelector spec.nodeName=<node>``), the topic subscription and the
+informer (``fieldSelector spec.nodeName=<node>``), the Checkpoint informer of moves
+toward the node (kube32.kubelet.prefetch), the topic subscription and the
 status loop; ``await stop()`` stops every pod and marks the Node NotReady.
 
 Invariants:
@@ -42,6 +43,7 @@ from . import migration
 from .images import ImagePuller
 from .nodeports import NodePorts
 from .pods import PodWorker
+from .prefetch import Prefetcher
 from .server import build_app, server_ssl
 
 log = logging.getLogger("kube32.kubelet")
@@ -94,6 +96,7 @@ class Kubelet:
         self.instances: dict[int, PodWorker] = {}      # id(Pod) -> worker (HostServices lookups)
         self.informer = Informer(client, PODS, field_selector=f"spec.nodeName={options.node_name}")
         self.nodeports = NodePorts(self)
+        self.prefetch = Prefetcher(self)  # moves toward this node: their data asked for early
         self.port = 0
         self.scheme = "http"
         self.interp_mops = 0.0
@@ -139,7 +142,7 @@ class Kubelet:
                         asyncio.create_task(self._status_loop(), name="kubelet-status"),
                         asyncio.create_task(self._topic_loop(), name="kubelet-topics"),
                         asyncio.create_task(migration.thaw_forgotten(self), name="kubelet-thaw"),
-                        self.nodeports.start()]
+                        self.nodeports.start(), *self.prefetch.start()]
         log.info("kubelet %s serving on %s:%d (interp-mops %.2f)", o.node_name, self.ip, self.port, self.interp_mops)
 
     async def stop(self) -> None:
@@ -147,6 +150,7 @@ class Kubelet:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.informer.stop()
+        await self.prefetch.stop()
         await self.nodeports.stop()
         await asyncio.gather(*self._background, return_exceptions=True)
         await asyncio.gather(*(w.stop() for w in list(self.workers.values())), return_exceptions=True)

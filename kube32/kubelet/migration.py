@@ -266,15 +266,23 @@ async def thaw_forgotten(kl: "Kubelet") -> None:
 
 
 class DataRequest:
-    """A restore's ``GET .../checkpoints/<name>/data``, sent once the pod's module is
-    loaded: its round trip through the API server overlaps the pod's config and the
-    instantiation.  ``close`` releases an answer nobody read (idempotent)."""
+    """A restore's ``GET .../checkpoints/<name>/data``: sent by the move's prefetch (with
+    ``wait_seconds``, before the data is stored; kube32.kubelet.prefetch), or else once
+    the pod's module is loaded, so that its round trip through the API server overlaps
+    the pod's config and the instantiation.  ``close`` releases an answer nobody read
+    (idempotent)."""
 
-    def __init__(self, kl: "Kubelet", namespace: str, checkpoint_name: str) -> None:
+    def __init__(self, kl: "Kubelet", namespace: str, checkpoint_name: str, wait_seconds: int = 0) -> None:
         self.checkpoint_name = checkpoint_name
+        params = {"waitSeconds": str(wait_seconds)} if wait_seconds else None
         self.response: asyncio.Future[aiohttp.ClientResponse] = asyncio.ensure_future(kl.client.request(
-            "GET", CHECKPOINTS.path(namespace, checkpoint_name, "data"),
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=60)))
+            "GET", CHECKPOINTS.path(namespace, checkpoint_name, "data"), params=params,
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=60 + wait_seconds)))
+
+    def failed(self) -> bool:
+        """Answered with anything but the data (an error, a refusal, a 404)."""
+        r = self.response
+        return r.done() and (r.cancelled() or r.exception() is not None or r.result().status != 200)
 
     async def close(self) -> None:
         if not self.response.done():

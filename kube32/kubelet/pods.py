@@ -155,10 +155,10 @@ class PodWorker:
         self.image_id = f"kube32.io/wasm-sha256:{module.sha256}"
         wanted = None if self._restore_tried else self._restore_annotation()
         if wanted:
-            # A restore's data request goes out now: its round trip overlaps the config and
-            # the instantiation (not before the image is loaded: a slow pull would leave
-            # the answer waiting in buffers).
-            self._data_request = DataRequest(self.kl, self.namespace, wanted)
+            # A restore's data request goes out now, unless the move's prefetch sent it
+            # already: its round trip overlaps the config and the instantiation (not before
+            # the image is loaded: a slow pull would leave the answer waiting in buffers).
+            self._data_request = self._data_request_for(wanted)
         try:
             config = await pod_config(self.kl.client, self.pod, self.kl.ip, self.kl.options.call_timeout_ms)
         except ConfigError as e:
@@ -189,7 +189,7 @@ class PodWorker:
                 if self._data_request is None or self._data_request.checkpoint_name != restore_from:
                     if self._data_request is not None:
                         await self._data_request.close()
-                    self._data_request = DataRequest(self.kl, self.namespace, restore_from)
+                    self._data_request = self._data_request_for(restore_from)
                 request, self._data_request = self._data_request, None
                 try:
                     await restore(self.kl, instance, request)
@@ -229,6 +229,9 @@ class PodWorker:
         self.restart_count += 1
         self.last_state, self.state = self.state, {}
         return "crash"
+
+    def _data_request_for(self, checkpoint: str) -> DataRequest:
+        return self.kl.prefetch.take(self.namespace, checkpoint) or DataRequest(self.kl, self.namespace, checkpoint)
 
     def _within_heap(self, config: Any) -> Any:
         """A pod's linear memory comes out of the node's heap: it may not grow past what

@@ -27,7 +27,7 @@ class CheckpointStrategy(Strategy):
     columns = [NAME_COLUMN, Column("Pod"), Column("Action"), Column("Phase"), Column("Node"),
                Column("Size"), AGE_COLUMN, Column("Target", priority=1), Column("New Pod", priority=1),
                Column("Message", priority=1)]
-    selectable_fields = {"metadata.name", "metadata.namespace", "spec.podName", "status.phase"}
+    selectable_fields = {"metadata.name", "metadata.namespace", "spec.podName", "status.phase", "status.targetNode"}
 
     def default_status(self, obj: dict[str, Any]) -> dict[str, Any]:
         return {"phase": "Pending"}
@@ -82,7 +82,8 @@ class CheckpointStrategy(Strategy):
 
     def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
         return {"spec.podName": get_path(obj, "spec", "podName", default="") or "",
-                "status.phase": get_path(obj, "status", "phase", default="") or ""}
+                "status.phase": get_path(obj, "status", "phase", default="") or "",
+                "status.targetNode": get_path(obj, "status", "targetNode", default="") or ""}
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
         spec, st = obj.get("spec") or {}, obj.get("status") or {}
