@@ -44,6 +44,7 @@ log = logging.getLogger("kube32.checkpoint")
 Obj = dict[str, Any]
 
 FREEZE_TIMEOUT_MS = 10000
+MOVING_WRITE_DELAY = 0.05  # s after the replacement: see _save_and_continue
 FINISHED = ("Saved", "Completed", "Failed")
 TRIGGER = movability.TRIGGER
 
@@ -174,8 +175,8 @@ class CheckpointController(Controller):
             return
         if current is not None and phase == "Pending":
             # The copy may be stale (already Saving, if another control plane wrote it); _start's
-            # first write names its resourceVersion: a stale copy ends in a 409 and a retry,
-            # never a second start.
+            # first write names its resourceVersion: a stale copy ends in a 409, a thaw of the
+            # pod when it froze it, and a retry - never a second replacement.
             await self._start(current, guard=True)
             return
         if current is not None and phase == "Moving":
@@ -240,21 +241,36 @@ class CheckpointController(Controller):
             return
         # The lock covers the snapshot's transfer only: the replacement, the status and the
         # restore of one move overlap the next one's snapshot (a drain moves pods in a row).
-        # Saving is written before the lock is taken: a Saving Checkpoint is only ever looked at
-        # by its own sync (running here) or, after a control plane restart, found interrupted.
-        # A move's target is named from Saving on: its kubelet asks for the data at once (a
-        # GET that waits for it), so the bytes reach it while the pod is being replaced.
-        ck = await self._set_status(ck, guard, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"],
-                                    **({"targetNode": target} if target else {}))
-        async with self.snapshot_lock:
-            leave = "running" if target is None else "frozen"
-            window = [_now_ms()]
-            try:
-                taken: tuple[int, Obj] | MoveError = await self._stream_snapshot(ck, pod, container, source,
-                                                                                 leave)
-            except MoveError as e:
-                taken = e
-            window.append(_now_ms())
+        # Saving is sent before the lock is taken, and the snapshot does not wait for its
+        # answer: the write and the node's freeze overlap.  A Saving Checkpoint is only ever
+        # looked at by its own sync (running here) or, after a control plane restart, found
+        # interrupted.  A move's target is named from Saving on: its kubelet asks for the
+        # data at once (a GET that waits for it), so the bytes reach it while the pod is
+        # being replaced.
+        saving = asyncio.ensure_future(self._set_status(
+            ck, guard, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"],
+            **({"targetNode": target} if target else {})))
+        await asyncio.sleep(0)  # the write goes out first
+        leave = "running" if target is None else "frozen"
+        try:
+            async with self.snapshot_lock:
+                window = [_now_ms()]
+                try:
+                    taken: tuple[int, Obj] | MoveError = await self._stream_snapshot(ck, pod, container,
+                                                                                     source, leave)
+                except MoveError as e:
+                    taken = e
+                window.append(_now_ms())
+            ck = await saving
+        except asyncio.CancelledError:
+            saving.cancel()
+            raise
+        except Exception:
+            # Saving was refused (the Checkpoint changed or went): the sync starts again from
+            # the API's copy, and a pod frozen for this try thaws.
+            if leave == "frozen":
+                await self._thaw(source, ns, pod["metadata"]["name"], container)
+            raise
         # When this snapshot held the control plane's one snapshot slot (Unix ms): users and
         # tests see that snapshots never overlap.
         self._windows[key_of(ck)] = (window[0], window[1])
@@ -346,6 +362,11 @@ class CheckpointController(Controller):
             await self._fail(ck, pod, MoveError(f"the pod could not be replaced: {e.message}"), "Move",
                              facts=facts)
             return
+        # The Moving status and event wait a moment: a small pod's restore (tens of ms) then
+        # runs without the control plane serving these writes and their watch events in its
+        # middle.  The replacement does not depend on them; its own status is what a user,
+        # a Service and the Deployment wait for.
+        await asyncio.sleep(MOVING_WRITE_DELAY)
         await self._set_status(ck, phase="Moving", takenAt=rfc3339(), targetNode=target, newPodName=pod_name,
                                newPodUID=new["metadata"]["uid"], frozenAtMs=frozen_at, movingSinceMs=_now_ms(),
                                **facts, **self._window_fields(ck))
@@ -441,8 +462,9 @@ class CheckpointController(Controller):
                 await self._thaw(st["nodeName"], ns, pod["metadata"]["name"], container_of(ck, pod))
             except MoveError:
                 pass
+        replaced = pod is not None and pod["metadata"]["uid"] != st.get("podUID")
         await self._fail(ck, pod, MoveError("the snapshot was interrupted (the control plane restarted)"),
-                         spec.get("action", "Save"))
+                         spec.get("action", "Save"), before_replacement=not replaced)
 
     # --- Moving -> Completed | Failed (rolled back) ---------------------------------------
     async def _check_move(self, ck: Obj, confirmed: bool = True) -> None:

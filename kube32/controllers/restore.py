@@ -28,9 +28,15 @@ def restore_from(pod: Obj) -> str | None:
 
 
 def _moving_to(ck: Obj | None, pod: Obj) -> bool:
-    """``ck`` is a move under way whose replacement is ``pod``."""
+    """``ck`` is a move under way whose replacement is ``pod``.  Still ``Saving`` counts:
+    the Moving status follows the replacement by a moment (the Checkpoint controller's
+    MOVING_WRITE_DELAY), and a small pod may run, or fail to restore, before it."""
     st = (ck or {}).get("status") or {}
-    return st.get("phase") == "Moving" and st.get("newPodUID") == pod["metadata"]["uid"]
+    uid = pod["metadata"]["uid"]
+    if st.get("phase") == "Moving":
+        return st.get("newPodUID") == uid
+    return st.get("phase") == "Saving" and ((ck or {}).get("spec") or {}).get("action") == "Move" \
+        and st.get("targetNode") == (pod.get("spec") or {}).get("nodeName") and st.get("podUID") not in (None, uid)
 
 
 class RestoreController(Controller):
