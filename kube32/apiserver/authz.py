@@ -22,7 +22,8 @@ Invariants:
   ``fieldSelector=spec.nodeName=<itself>``), the ConfigMaps and Secrets they
   name, and the Checkpoint data their ``kube32.io/restore-from`` names; and the
   Checkpoints of moves toward it (list/watch only with ``fieldSelector=
-  status.targetNode=<itself>``; their data while the move is Saving or Moving); it writes
+  status.targetNode=<itself>``; while the move is Saving or Moving, its data, the
+  pod being moved and the ConfigMaps and Secrets that pod names); it writes
   only its own Node, Lease and its pods' status.  Everything else of these kinds
   is a 403 that says why.
 * A refusal is a 403 whose message is Kubernetes', word for word:
@@ -189,7 +190,27 @@ class NodeAuthorizer:
     async def _referenced(self, node: str, kind: str, namespace: str, name: str) -> bool:
         if kind == "checkpoints" and await self._checkpoint_pod_on(node, namespace, name):
             return True  # the usual restore, without decoding every pod on the node
-        return any(name in pod_references(p)[kind] for p in await self._pods_on(node, namespace))
+        pods = await self._pods_on(node, namespace) + await self._pods_moving_to(node, namespace)
+        return any(name in pod_references(p)[kind] for p in pods)
+
+    async def _pods_moving_to(self, node: str, namespace: str, pod_name: str | None = None) -> list[dict[str, Any]]:
+        """The pods that moves under way toward ``node`` are taking there: its kubelet
+        begins their restores before the replacements are bound to it (kube32.kubelet.prefetch)."""
+        from .resources import by_plural
+        from .selectors import parse_field_selector
+        moves, _ = await self.registry.list(by_plural("checkpoints"), namespace or None, None,
+                                            parse_field_selector(f"status.targetNode={node}"))
+        out = []
+        for ck in moves:
+            spec, st = ck.get("spec") or {}, ck.get("status") or {}
+            name = spec.get("podName")
+            if st.get("phase") not in MOVE_UNDER_WAY or not isinstance(name, str) or \
+                    (pod_name is not None and name != pod_name):
+                continue
+            pod = await self.registry.try_get(by_plural("pods"), ck["metadata"]["namespace"], name)
+            if pod is not None and pod["metadata"].get("uid") == st.get("podUID"):
+                out.append(pod)
+        return out
 
     async def _checkpoint_pod_on(self, node: str, namespace: str, name: str) -> bool:
         """Whether the pod a Checkpoint was taken of is on ``node`` and restores from it:
@@ -279,6 +300,9 @@ class NodeAuthorizer:
         allowed = {"": ("get", "delete"), "status": ("get", "update", "patch"), "eviction": ("create",)}
         if a.verb in allowed.get(a.subresource, ()) and a.name and \
                 await self._pod_is_on(node, a.namespace, a.name):
+            return Decision.ALLOW, ""
+        if a.verb == "get" and not a.subresource and a.name and \
+                await self._pods_moving_to(node, a.namespace, a.name):
             return Decision.ALLOW, ""
         return Decision.DENY, deny
 

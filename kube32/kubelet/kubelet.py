@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import time
@@ -35,7 +36,7 @@ from aiohttp import web
 
 from ..aio import wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
-from ..wasm import ChannelRegistry, Pod, Runtime
+from ..wasm import ChannelRegistry, Pod, PodConfig, Runtime
 from ..wasm.abi import MAX_HELD_EVENTS
 from . import node as nodeinfo
 from . import join as node_join
@@ -170,7 +171,17 @@ class Kubelet:
     # --- the Node and its Lease -----------------------------------------------------
     def free_heap(self) -> int:
         used = sum(w.instance.memory_bytes for w in self.workers.values() if w.instance is not None)
+        used += self.prefetch.memory_bytes()
         return max(0, self.options.heap_bytes - self.options.driver_bytes - used)
+
+    def within_heap(self, config: PodConfig) -> PodConfig:
+        """A pod's linear memory comes out of the node's heap: it may not grow past what
+        is free (a board has no more), whatever its own limit says."""
+        free = self.free_heap()
+        limit = config.memory_limit_bytes
+        if limit is None or limit > free:
+            return dataclasses.replace(config, memory_limit_bytes=max(free, 1))
+        return config
 
     @property
     def reported_free_heap(self) -> int | None:

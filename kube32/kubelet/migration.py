@@ -35,7 +35,7 @@ from aiohttp import web
 
 from .. import movability
 from ..client import CHECKPOINTS
-from ..snapshot import SnapshotError
+from ..snapshot import Snapshot, SnapshotError
 from ..wasm import CallTimeout, Pod, PodError
 
 if TYPE_CHECKING:
@@ -294,18 +294,30 @@ class DataRequest:
 
 async def restore(kl: "Kubelet", instance: Pod, request: DataRequest) -> None:
     """Stream the Checkpoint's data into ``instance`` and finish the restore."""
-    # The instance is made on a thread while the data's answer comes.
+    await finish(instance, await read_into(kl, instance, request))
+
+
+async def read_into(kl: "Kubelet", instance: Pod, request: DataRequest) -> Snapshot:
+    """Make ``instance`` (on a thread, while the data's answer comes) and stream the data
+    into it: everything of a restore but :func:`finish`."""
     prepared = asyncio.ensure_future(asyncio.to_thread(instance.prepare_restore))
     try:
-        await _read_and_finish(kl, instance, request, prepared)
+        return await _read(kl, request, prepared)
     finally:
         await asyncio.wait([prepared])  # never hand back an instance still being made
         if not prepared.cancelled():
             prepared.exception()  # seen: reported above, or superseded by the request's failure
 
 
-async def _read_and_finish(kl: "Kubelet", instance: Pod, request: DataRequest,
-                           prepared: "asyncio.Future[Any]") -> None:
+async def finish(instance: Pod, snap: Snapshot) -> None:
+    """Globals, tables, clock and channels; ``k32_restored``; the held events."""
+    try:
+        await asyncio.to_thread(instance.finish_restore, snap)
+    except (PodError, SnapshotError) as e:
+        raise RestoreError(str(e)) from None
+
+
+async def _read(kl: "Kubelet", request: DataRequest, prepared: "asyncio.Future[Any]") -> Snapshot:
     checkpoint_name = request.checkpoint_name
     try:
         async with await request.response as r:
@@ -326,12 +338,8 @@ async def _read_and_finish(kl: "Kubelet", instance: Pod, request: DataRequest,
                 stream = _Corrupting(stream)
             if "truncate-restores" in faults:
                 stream = _Truncating(stream)
-            snap = await reader.read_async(stream)
+            return await reader.read_async(stream)
     except SnapshotError as e:
         raise RestoreError(str(e)) from None
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         raise RestoreError(f"the checkpoint's data could not be read: {e}") from None
-    try:
-        await asyncio.to_thread(instance.finish_restore, snap)
-    except (PodError, SnapshotError) as e:
-        raise RestoreError(str(e)) from None

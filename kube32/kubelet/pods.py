@@ -22,7 +22,6 @@ change (and are skipped when nothing changed).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Any
@@ -33,11 +32,12 @@ from ..movability import RESTORE_FROM
 from ..wasm import ImageError, Pod, PodError
 from .images import PullError, expected_digest
 from .logs import LogBuffer
-from .migration import DataRequest, RestoreError, restore
+from .migration import DataRequest, RestoreError, finish, restore
 from .podspec import ConfigError, pod_config
 
 if TYPE_CHECKING:
     from .kubelet import Kubelet
+    from .prefetch import Prepared
 
 log = logging.getLogger("kube32.kubelet.pods")
 
@@ -78,6 +78,7 @@ class PodWorker:
         self._pull_failures = 0
         self._restore_tried = False
         self._data_request: DataRequest | None = None  # a restore's data GET, sent ahead
+        self._prepared: Prepared | None = None  # a restore the move's prefetch began, not yet used
         self.frozen_since: float | None = None     # monotonic time a checkpoint froze it
         self.snapshot_digest: tuple[Any, str] | None = None  # (frozen state, trailer hex)
         self._task = asyncio.create_task(self._run(), name=f"pod {self.namespace}/{self.name}")
@@ -136,12 +137,22 @@ class PodWorker:
             if self._data_request is not None:
                 request, self._data_request = self._data_request, None
                 await request.close()
+            if self._prepared is not None:
+                prepared, self._prepared = self._prepared, None
+                self.kl.prefetch.discard(prepared)
 
     async def _attempt_once(self) -> str:
         ann = self.pod["metadata"].get("annotations") or {}
+        wanted = None if self._restore_tried else self._restore_annotation()
+        # A move toward this node began its restore before this pod existed (kube32.kubelet.prefetch).
+        begun = self.kl.prefetch.take(self.namespace, wanted) if wanted else None
+        self._prepared = await begun if begun is not None else None
         try:
-            data = await self.kl.images.pull(self.image, ann)
-            module = await asyncio.to_thread(self.kl.runtime.load, data, expected_digest(self.image, ann))
+            if self._prepared is not None and self._prepared.image == self.image:
+                module = self._prepared.module
+            else:
+                data = await self.kl.images.pull(self.image, ann)
+                module = await asyncio.to_thread(self.kl.runtime.load, data, expected_digest(self.image, ann))
         except (PullError, ImageError) as e:
             if isinstance(e, ImageError) and "digest mismatch" not in str(e):
                 return self._crashed(f"image {self.image} is no pod: {e}")
@@ -153,12 +164,11 @@ class PodWorker:
             return "retry"
         self._pull_failures = 0
         self.image_id = f"kube32.io/wasm-sha256:{module.sha256}"
-        wanted = None if self._restore_tried else self._restore_annotation()
-        if wanted:
-            # A restore's data request goes out now, unless the move's prefetch sent it
-            # already: its round trip overlaps the config and the instantiation (not before
-            # the image is loaded: a slow pull would leave the answer waiting in buffers).
-            self._data_request = self._data_request_for(wanted)
+        if wanted and self._prepared is None:
+            # A restore's data request goes out now: its round trip overlaps the config and
+            # the instantiation (not before the image is loaded: a slow pull would leave
+            # the answer waiting in buffers).
+            self._data_request = DataRequest(self.kl, self.namespace, wanted)
         try:
             config = await pod_config(self.kl.client, self.pod, self.kl.ip, self.kl.options.call_timeout_ms)
         except ConfigError as e:
@@ -166,7 +176,12 @@ class PodWorker:
             self.changed()
             await self.kl.events.record(self.pod, "Warning", "Failed", f"Error: {e}")
             return "retry"
-        config = self._within_heap(config)
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and (prepared.image != self.image or prepared.config != config):
+            # Prepared for another image or config than this pod's: restore by ourselves.
+            self.kl.prefetch.discard(prepared)
+            prepared = None
+            self._data_request = DataRequest(self.kl, self.namespace, wanted) if wanted else None
         loop = asyncio.get_running_loop()
         self._exit = loop.create_future()
         exit_future = self._exit
@@ -175,7 +190,8 @@ class PodWorker:
             loop.call_soon_threadsafe(lambda: exit_future.done() or exit_future.set_result((code, reason, message)))
 
         try:
-            instance = Pod(self.kl.runtime, module, config, self.kl)
+            instance = self.kl.prefetch.claim(prepared) if prepared is not None else \
+                Pod(self.kl.runtime, module, self.kl.within_heap(config), self.kl)
         except PodError as e:
             return self._crashed(str(e))
         instance.on_exit = on_exit
@@ -185,11 +201,13 @@ class PodWorker:
         self.phase = "Running"
         restore_from = self._restore_from()
         try:
-            if restore_from:
+            if restore_from and prepared is not None:
+                await finish(instance, prepared.snapshot)
+            elif restore_from:
                 if self._data_request is None or self._data_request.checkpoint_name != restore_from:
                     if self._data_request is not None:
                         await self._data_request.close()
-                    self._data_request = self._data_request_for(restore_from)
+                    self._data_request = DataRequest(self.kl, self.namespace, restore_from)
                 request, self._data_request = self._data_request, None
                 try:
                     await restore(self.kl, instance, request)
@@ -229,18 +247,6 @@ class PodWorker:
         self.restart_count += 1
         self.last_state, self.state = self.state, {}
         return "crash"
-
-    def _data_request_for(self, checkpoint: str) -> DataRequest:
-        return self.kl.prefetch.take(self.namespace, checkpoint) or DataRequest(self.kl, self.namespace, checkpoint)
-
-    def _within_heap(self, config: Any) -> Any:
-        """A pod's linear memory comes out of the node's heap: it may not grow past what
-        is free (a board has no more), whatever its own limit says."""
-        free = self.kl.free_heap()
-        limit = config.memory_limit_bytes
-        if limit is None or limit > free:
-            return dataclasses.replace(config, memory_limit_bytes=max(free, 1))
-        return config
 
     def _restore_from(self) -> str | None:
         """The Checkpoint to restore from: only the first start of this pod does; a

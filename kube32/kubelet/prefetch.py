@@ -1,43 +1,56 @@
-"""A move's data, asked for before its replacement arrives.
+"""A move's restore, begun before its replacement arrives.
 
 The Checkpoint controller names a move's target in ``status.targetNode`` when the move
 turns ``Saving``, before it takes the snapshot.  The kubelet watches the Checkpoints that
 name its node (``fieldSelector status.targetNode=<node>``: all the node authorizer lets
-a node watch of them) and, for each Move still ``Saving``, sends the restore's
-``GET .../data?waitSeconds=`` at once.  The API server answers it the moment the
-snapshot is stored, so the bytes are under way while the controller replaces the pod
-and the pod watch brings the replacement here; the replacement's worker takes the
-request (:meth:`Prefetcher.take`) instead of sending its own.  A restart has nothing to
-fetch; this round trip, taken off a move's path, is what lets a move keep up with one.
+a node watch of them) and, for each Move still ``Saving``, starts the restore at once:
+it reads the pod being moved (the node authorizer lets the target read it, and the
+ConfigMaps and Secrets it names, while the move is under way), pulls and loads its
+image, builds its config as this node would run it, makes the instance and sends
+``GET .../data?waitSeconds=``, which the API server answers the moment the snapshot is
+stored: the bytes stream straight into the new instance while the controller replaces
+the pod.  When the replacement arrives, its worker takes the restore
+(:meth:`Prefetcher.take`) and only finishes it (globals, tables, clock, channels,
+``k32_restored``) - if its image and config are the ones prepared; otherwise the
+prepared instance is dropped and the worker restores as without a prefetch.  A restart
+can begin nothing before its pod exists; a move knows its target early, and this is
+what lets a move keep up with one.
 
 Invariants:
 
-* The body is read only by the restore, straight into the new instance: until then flow
-  control holds the bytes in the sockets (aiohttp reads at most its buffer ahead), so a
-  prefetch costs no second copy of the linear memory.
-* At most :data:`MAX_WAITING` requests are out at once (each holds a connection of the
-  node's client: a drain's many Saving moves must not starve its status writes); the
-  others are asked for as earlier ones are taken or closed.
-* One request per Checkpoint uid.  One that failed (an error, 404) is dropped and not
-  sent again: the worker then sends its own, as without a prefetch.
-* A request nobody took is closed once its Checkpoint no longer names this node, has
-  finished or is gone, or after :data:`UNCLAIMED_SECONDS`.
+* No second copy: the data goes from the socket into the prepared instance's linear
+  memory, as in any restore.  Prepared instances count against the node's free heap.
+* At most :data:`MAX_PREPARING` restores are begun at once (each holds an instance and
+  a connection of the node's client: a drain's many Saving moves must not starve the
+  node); the others begin as earlier ones are taken or dropped.
+* One try per Checkpoint uid; a try that fails (an error, a refusal, a 404) is dropped
+  and not made again: the worker then restores by itself and meets the same cause.
+* A prepared restore nobody took is dropped once its Checkpoint no longer names this
+  node, has finished or is gone, or after :data:`UNCLAIMED_SECONDS`.
 """
 from __future__ import annotations
 
 import asyncio
+import copy
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..client import CHECKPOINTS, Informer
+from ..client import CHECKPOINTS, PODS, Informer
 from ..client.informer import key_of
-from .migration import DataRequest
+from ..snapshot import Snapshot
+from ..wasm import Pod, PodConfig
+from . import migration
+from .images import expected_digest
+from .podspec import pod_config
 
 if TYPE_CHECKING:
     from .kubelet import Kubelet
 
-MAX_WAITING = 4
+log = logging.getLogger("kube32.kubelet.prefetch")
+
+MAX_PREPARING = 4
 WAIT_SECONDS = 50         # the API server's wait for the data (its limit is 60)
 UNCLAIMED_SECONDS = 70.0  # longer than a move's rollback timeout (60 s)
 SWEEP_SECONDS = 5.0
@@ -46,10 +59,24 @@ Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
-class _Asked:
-    uid: str
-    request: DataRequest
+class Prepared:
+    """A restore done but for its finish."""
+    image: str
+    module: Any
+    config: PodConfig  # as pod_config gives it for this node, before the free-heap cap
+    instance: Pod
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True)
+class _Entry:
+    uid: str  # the Checkpoint's
+    task: "asyncio.Task[Prepared | None]"
     at: float
+
+
+def _came_to_nothing(task: asyncio.Task) -> bool:
+    return task.done() and (task.cancelled() or task.exception() is not None or task.result() is None)
 
 
 def _move_toward(ck: Obj, node: str) -> bool:
@@ -64,30 +91,45 @@ class Prefetcher:
         self.node = kl.options.node_name
         self.informer = Informer(kl.client, CHECKPOINTS, field_selector=f"status.targetNode={self.node}")
         self.informer.add_handler(lambda *_: self._reconcile())
-        self._asked: dict[str, _Asked] = {}   # "ns/name" -> the request out for it
-        self._tried: set[str] = set()         # Checkpoint uids asked for once already
-        self._closing: set[asyncio.Task] = set()
+        self._entries: dict[str, _Entry] = {}  # "ns/name" -> the restore begun for it
+        self._tried: set[str] = set()          # Checkpoint uids begun once already
+        self._instances: dict[int, Pod] = {}   # prepared, not yet taken: counted in the free heap
+        self._background: set[asyncio.Task] = set()
 
     def start(self) -> list[asyncio.Task]:
         return [self.informer.start(), asyncio.create_task(self._sweep(), name="kubelet-prefetch")]
 
     async def stop(self) -> None:
         await self.informer.stop()
-        for asked in self._asked.values():
-            self._close(asked.request)
-        self._asked.clear()
-        await asyncio.gather(*self._closing, return_exceptions=True)
+        for entry in self._entries.values():
+            self._drop(entry)
+        self._entries.clear()
+        await asyncio.gather(*self._background, return_exceptions=True)
 
-    def take(self, namespace: str, name: str) -> DataRequest | None:
-        """The request out for this Checkpoint's data, now the caller's (None: send your own)."""
-        asked = self._asked.pop(f"{namespace}/{name}", None)
+    def memory_bytes(self) -> int:
+        return sum(inst.memory_bytes for inst in self._instances.values())
+
+    def take(self, namespace: str, name: str) -> "asyncio.Task[Prepared | None] | None":
+        """The restore begun for this Checkpoint, now the caller's (None: restore by yourself).
+        Its result is a :class:`Prepared` (the caller must :meth:`claim` or :meth:`discard`
+        it) or None."""
+        key = f"{namespace}/{name}"
+        entry = self._entries.pop(key, None)
+        ck = self.informer.get(key)
+        if entry is not None and (ck is None or ck["metadata"].get("uid") != entry.uid):
+            self._drop(entry)  # a Checkpoint of the same name, not the one prepared
+            entry = None
         self._reconcile()  # room for the next one
-        if asked is None:
-            return None
-        if asked.request.failed():
-            self._close(asked.request)
-            return None
-        return asked.request
+        return entry.task if entry is not None else None
+
+    def claim(self, prepared: Prepared) -> Pod:
+        """The prepared instance, now the caller's worker's (no longer counted here)."""
+        self._instances.pop(id(prepared.instance), None)
+        return prepared.instance
+
+    def discard(self, prepared: Prepared) -> None:
+        self._instances.pop(id(prepared.instance), None)
+        self._spawn(asyncio.to_thread(prepared.instance.stop))
 
     async def _sweep(self) -> None:
         while True:
@@ -97,26 +139,74 @@ class Prefetcher:
     def _reconcile(self) -> None:
         moves = {key_of(ck): ck for ck in self.informer.list() if _move_toward(ck, self.node)}
         now = time.monotonic()
-        for key, asked in list(self._asked.items()):
+        for key, entry in list(self._entries.items()):
             ck = moves.get(key)
-            if ck is None or ck["metadata"].get("uid") != asked.uid or asked.request.failed() \
-                    or now - asked.at > UNCLAIMED_SECONDS:
-                del self._asked[key]
-                self._close(asked.request)
+            if ck is None or ck["metadata"].get("uid") != entry.uid or now - entry.at > UNCLAIMED_SECONDS \
+                    or _came_to_nothing(entry.task):
+                del self._entries[key]
+                self._drop(entry)
         self._tried &= {ck["metadata"].get("uid") for ck in moves.values()}
         saving = sorted((ck for ck in moves.values() if ck["status"]["phase"] == "Saving"),
                         key=lambda ck: ck["metadata"].get("creationTimestamp") or "")
         for ck in saving:
-            if len(self._asked) >= MAX_WAITING:
+            if len(self._entries) >= MAX_PREPARING:
                 break
             key, uid = key_of(ck), ck["metadata"].get("uid", "")
-            if key in self._asked or uid in self._tried:
+            if key in self._entries or uid in self._tried:
                 continue
             self._tried.add(uid)
-            self._asked[key] = _Asked(uid, DataRequest(self.kl, ck["metadata"]["namespace"], ck["metadata"]["name"],
-                                                       wait_seconds=WAIT_SECONDS), now)
+            self._entries[key] = _Entry(uid, asyncio.create_task(self._prepare(ck), name=f"prefetch {key}"), now)
 
-    def _close(self, request: DataRequest) -> None:
-        task = asyncio.create_task(request.close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+    def _drop(self, entry: _Entry) -> None:
+        entry.task.cancel()
+
+        async def settle() -> None:
+            await asyncio.wait([entry.task])
+            if not _came_to_nothing(entry.task):
+                self.discard(entry.task.result())
+        self._spawn(settle())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _prepare(self, ck: Obj) -> Prepared | None:
+        """Everything of the restore but its finish, as the pod will run here; None when
+        anything fails (the worker then restores by itself)."""
+        ns, name = ck["metadata"]["namespace"], ck["metadata"]["name"]
+        st = ck.get("status") or {}
+        request: migration.DataRequest | None = None
+        instance: Pod | None = None
+        try:
+            # The data's request first: the API server holds it until the snapshot is stored,
+            # so it is out before the bytes are, whatever the steps below take.
+            request = migration.DataRequest(self.kl, ns, name, wait_seconds=WAIT_SECONDS)
+            pod = await self.kl.client.get(PODS, ck["spec"]["podName"], ns)
+            if pod["metadata"].get("uid") != st.get("podUID"):
+                return None
+            here = copy.deepcopy(pod)
+            here["spec"]["nodeName"] = self.node
+            container = (here["spec"].get("containers") or [{}])[0]
+            image, ann = container.get("image", ""), here["metadata"].get("annotations") or {}
+            data = await self.kl.images.pull(image, ann)
+            module = await asyncio.to_thread(self.kl.runtime.load, data, expected_digest(image, ann))
+            config = await pod_config(self.kl.client, here, self.kl.ip, self.kl.options.call_timeout_ms)
+            instance = Pod(self.kl.runtime, module, self.kl.within_heap(config), self.kl)
+            self._instances[id(instance)] = instance
+            snapshot = await migration.read_into(self.kl, instance, request)
+            return Prepared(image, module, config, instance, snapshot)
+        except asyncio.CancelledError:
+            self._forget(instance)
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure: the worker restores by itself
+            log.debug("no prefetch for %s/%s: %s", ns, name, e)
+            self._forget(instance)
+            return None
+        finally:
+            if request is not None:
+                await request.close()
+
+    def _forget(self, instance: Pod | None) -> None:
+        if instance is not None and self._instances.pop(id(instance), None) is not None:
+            self._spawn(asyncio.to_thread(instance.stop))
