@@ -5,8 +5,8 @@ with a Content-Length), checks magic, version and trailer as it arrives (422 whe
 wrong, nothing stored), sets ``status.sizeBytes``, ``snapshotSha256``, ``imageSha256``
 and ``podTimeMs`` from it and answers the Checkpoint.  ``GET`` answers the bytes, or
 404 while the Checkpoint has none.  ``GET ?waitSeconds=<n>`` (0-60, default 0): while
-the Checkpoint is ``Saving`` (its data on the way), the answer waits up to n seconds for
-the upload or pull under way to end, then answers as above.  A move's target kubelet
+the Checkpoint is ``Saving`` (its data on the way), the answer first waits up to n seconds
+for an upload or pull of the data to end (stored or refused), then answers as above.  A move's target kubelet
 sends its data GET so as soon as it learns it is the target (see kube32.kubelet.prefetch):
 the bytes leave the moment they are stored, while the controller replaces the pod.
 
@@ -192,28 +192,26 @@ class CheckpointDataAPI:
         return resp
 
     async def _stored_or_wait(self, t: "Target", wait: float) -> Stored | None:
-        """The Checkpoint's data; while the Checkpoint is Saving (its data on the way), wait
-        up to ``wait`` seconds for the upload or pull under way to end."""
+        """The Checkpoint's data; while the Checkpoint is Saving (its data on the way), first
+        wait up to ``wait`` seconds for an upload or pull of it to end, stored or not."""
         assert t.name is not None and t.namespace is not None
         key = (t.namespace, t.name)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while True:
-            # Registered before the read: an upload that ends while the read waits still wakes us.
-            settled = loop.create_future()
-            self._waiting.setdefault(key, set()).add(settled)
-            try:
-                ck = await self.server.registry.get(t.res, t.namespace, t.name)
-                stored = self.space.stored(ck["metadata"]["uid"])
-                left = deadline - loop.time()
-                if stored is not None or (ck.get("status") or {}).get("phase") != "Saving" or left <= 0:
-                    return stored
-                await asyncio.wait([settled], timeout=left)
-            finally:
-                waiters = self._waiting.get(key, set())
-                waiters.discard(settled)
-                if not waiters:
-                    self._waiting.pop(key, None)
+        # Registered before the read: an upload that ends while the read waits still wakes us.
+        settled = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, set()).add(settled)
+        try:
+            ck = await self.server.registry.get(t.res, t.namespace, t.name)
+            stored = self.space.stored(ck["metadata"]["uid"])
+            if stored is not None or (ck.get("status") or {}).get("phase") != "Saving" or wait <= 0:
+                return stored
+            await asyncio.wait([settled], timeout=wait)
+        finally:
+            waiters = self._waiting.get(key, set())
+            waiters.discard(settled)
+            if not waiters:
+                self._waiting.pop(key, None)
+        ck = await self.server.registry.get(t.res, t.namespace, t.name)
+        return self.space.stored(ck["metadata"]["uid"])
 
     def _settled(self, namespace: str | None, name: str | None) -> None:
         """An upload or pull of this Checkpoint's data ended (stored or not): waiting GETs look again."""

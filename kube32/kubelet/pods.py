@@ -202,6 +202,8 @@ class PodWorker:
         restore_from = self._restore_from()
         try:
             if restore_from and prepared is not None:
+                log.info("restoring %s/%s from checkpoint %s: begun before the replacement arrived",
+                         self.namespace, self.name, restore_from)
                 await finish(instance, prepared.snapshot)
             elif restore_from:
                 if self._data_request is None or self._data_request.checkpoint_name != restore_from:

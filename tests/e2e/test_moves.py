@@ -128,12 +128,34 @@ def test_counter_moves_with_its_state(cluster: ControlPlane, image: str) -> None
     ck = checkpoint_named(cluster, "ctr", "Completed")
     st = ck["status"]
     assert st["nodeName"] == "sim-1" and st["targetNode"] == "sim-2" and st["newPodName"] == "ctr"
+    # The target began the restore while the snapshot was taken (kube32.kubelet.prefetch):
+    # the replacement only finished it, held events and channels included.
+    target_log = (cluster.data_dir / "logs" / "sim-2.log").read_text(errors="replace")
+    assert f"restoring default/ctr from checkpoint {ck['metadata']['name']}: begun before the replacement " \
+        "arrived" in target_log
     assert st["sizeBytes"] > 65536 and st["imageSha256"] == image.split(":")[1]
     wide = cluster.kubectl("get", "ckpt", "-o", "wide").stdout
     assert ck["metadata"]["name"] in wide and "Completed" in wide and "sim-2" in wide
     events = cluster.kubectl("get", "events", "--field-selector", "involvedObject.name=ctr").stdout
     assert "Moving" in events and "Moved" in events and "after the freeze" in events
     cluster.kubectl("delete", "pod", "ctr")
+
+
+def test_a_restore_begun_for_another_config_is_dropped_and_done_again(cluster: ControlPlane, image: str) -> None:
+    """The target begins the restore from the pod being moved; a replacement whose config
+    differs (here: its uid, through the downward API) restores by itself, state intact."""
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("uidenv", "sim-1", image, container={"env": [
+        {"name": "MY_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]}))
+    running(cluster, "uidenv")
+    for _ in range(2):
+        before = state(cluster, "uidenv")
+    out = move(cluster, "uidenv", "--to", "sim-2")
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    after = state(cluster, "uidenv")
+    assert after["requests"] == before["requests"] + 1 and after["restored_calls"] == 1 and after["init_calls"] == 1
+    target_log = (cluster.data_dir / "logs" / "sim-2.log").read_text(errors="replace")
+    assert "restoring default/uidenv" not in target_log
+    cluster.kubectl("delete", "pod", "uidenv")
 
 
 def test_frozen_pod_answers_503_is_not_ready_and_thaws(cluster: ControlPlane, image: str) -> None:

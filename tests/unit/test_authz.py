@@ -233,3 +233,48 @@ async def test_node_reads_checkpoint_data_by_the_checkpoints_pod_or_any_pod_on_i
         assert not await can("ck-missing")
     finally:
         await store.close()
+
+
+@in_loop
+async def test_a_move_target_reads_what_its_restore_needs_while_the_move_is_under_way(tmp_path: Path) -> None:
+    """kube32.kubelet.prefetch: the target node watches the moves toward it, and while one is
+    Saving or Moving reads its data, the pod being moved and what that pod names."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        reg = Registry(store)
+        await reg.create(by_plural("namespaces"), None, {"metadata": {"name": "default"}}, check_namespace=False)
+        pods, cks = by_plural("pods"), by_plural("checkpoints")
+        uids = {}
+        for name in ("moving", "elsewhere", "done"):
+            created = await reg.create(pods, "default", _pod(name, "b", envFrom=[{"configMapRef": {"name": f"{name}-cm"}}]))
+            uids[name] = created["metadata"]["uid"]
+        for ck, pod, target, phase in (("ck-move", "moving", "a", "Saving"), ("ck-elsewhere", "elsewhere", "c", "Saving"),
+                                       ("ck-done", "done", "a", "Completed")):
+            await reg.create(cks, "default", {"apiVersion": "kube32.io/v1", "kind": "Checkpoint", "metadata": {"name": ck},
+                                              "spec": {"podName": pod, "action": "Move"}})
+
+            def moving(obj: dict, target=target, phase=phase, pod=pod) -> dict:
+                obj["status"] = {"phase": phase, "targetNode": target, "nodeName": "b", "podUID": uids[pod]}
+                return obj
+            await reg.mutate(cks, "default", ck, moving, subresource="status")
+        chain = authz.Authorizer(reg)
+
+        async def can(path: str, query: dict | None = None) -> tuple[bool, str]:
+            return await chain.authorize(authz.request_attributes(NODE_A, "GET", path, query or {}))
+        base, api = "/apis/kube32.io/v1", "/api/v1/namespaces/default"
+        assert (await can(f"{base}/checkpoints", {"fieldSelector": "status.targetNode=a"}))[0]
+        assert (await can(f"{base}/checkpoints", {"fieldSelector": "status.targetNode=a", "watch": "1"}))[0]
+        assert await can(f"{base}/checkpoints", {"fieldSelector": "status.targetNode=c"}) == (
+            False, "node 'a' may only list and watch checkpoints with fieldSelector status.targetNode=a")
+        assert not (await can(f"{base}/checkpoints"))[0]
+        assert (await can(f"{base}/namespaces/default/checkpoints/ck-move/data"))[0]
+        assert (await can(f"{api}/pods/moving"))[0] and (await can(f"{api}/configmaps/moving-cm"))[0]
+        # Not toward this node, or no longer under way: nothing.
+        for ck, pod in (("ck-elsewhere", "elsewhere"), ("ck-done", "done")):
+            assert not (await can(f"{base}/namespaces/default/checkpoints/{ck}/data"))[0]
+            assert not (await can(f"{api}/pods/{pod}"))[0] and not (await can(f"{api}/configmaps/{pod}-cm"))[0]
+        # Reading is all: the pod on its way stays the source node's to write.
+        for method, path in (("PATCH", f"{api}/pods/moving/status"), ("DELETE", f"{api}/pods/moving")):
+            assert not (await chain.authorize(authz.request_attributes(NODE_A, method, path, {})))[0]
+    finally:
+        await store.close()

@@ -1,0 +1,144 @@
+"""``GET checkpoints/<name>/data?waitSeconds=``: while the Checkpoint is Saving, the answer
+waits for the data on its way (a move's target asks before the snapshot is stored), on a
+real API server in this process."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from kube32.apiserver.auth import ADMIN, APISERVER, load_or_create_tokens
+from kube32.apiserver.checkpointdata import CheckpointDataAPI, CheckpointDataSpace
+from kube32.apiserver.resources import by_plural
+from kube32.apiserver.server import APIServer
+from kube32.snapshot import GlobalState, PodState, SnapshotWriter, VALTYPE_I32
+from kube32.store import SQLiteStore
+
+CKS = "/apis/kube32.io/v1/namespaces/default/checkpoints"
+
+
+def in_loop(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+    return run
+
+
+def snapshot(memory: bytes) -> bytes:
+    state = PodState(image_sha256=bytes(32), memory_bytes=len(memory), memory_pages=1, pod_time_ms=7,
+                     unix_time_ms=0, globals=(GlobalState(0, VALTYPE_I32, 1),))
+    return SnapshotWriter(state, memory).to_bytes()
+
+
+class Server:
+    """An API server on a free loopback port, with the Checkpoint data subresource."""
+
+    async def __aenter__(self) -> "Server":
+        return self
+
+    async def start(self, data_dir: Path) -> None:
+        self.store = await SQLiteStore.open(data_dir / "state.db")
+        auth = load_or_create_tokens(data_dir)
+        self.api = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER))
+        await self.api.ensure_defaults()
+        CheckpointDataAPI(self.api, CheckpointDataSpace())
+        self.runner = web.AppRunner(self.api.app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {auth.token_for(ADMIN)}"})
+
+    async def stop(self) -> None:
+        await self.session.close()
+        await self.store.close()
+        await self.runner.cleanup()
+
+    async def checkpoint(self, name: str, phase: str) -> None:
+        res = by_plural("checkpoints")
+        await self.api.registry.create(res, "default", {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+                                                        "metadata": {"name": name}, "spec": {"podName": "p"}})
+
+        def set_phase(obj: dict[str, Any]) -> dict[str, Any]:
+            obj["status"] = {"phase": phase}
+            return obj
+        await self.api.registry.mutate(res, "default", name, set_phase, subresource="status")
+
+    async def get(self, name: str, wait: str | None = None) -> tuple[int, bytes]:
+        params = {"waitSeconds": wait} if wait is not None else None
+        async with self.session.get(f"{self.url}{CKS}/{name}/data", params=params) as r:
+            return r.status, await r.read()
+
+    async def put(self, name: str, body: bytes) -> int:
+        async with self.session.put(f"{self.url}{CKS}/{name}/data", data=body,
+                                    headers={"Content-Type": "application/octet-stream"}) as r:
+            return r.status
+
+
+async def _server(tmp_path: Path) -> Server:
+    s = Server()
+    await s.start(tmp_path)
+    return s
+
+
+@in_loop
+async def test_a_get_waits_for_the_data_of_a_saving_checkpoint(tmp_path: Path) -> None:
+    s = await _server(tmp_path)
+    try:
+        await s.checkpoint("ck", "Saving")
+        waiting = asyncio.ensure_future(s.get("ck", "30"))
+        await asyncio.sleep(0.3)
+        assert not waiting.done(), "answered before the data was stored"
+        body = snapshot(b"\x05" * 4096)
+        assert await s.put("ck", body) == 200
+        assert await asyncio.wait_for(waiting, 5) == (200, body)
+    finally:
+        await s.stop()
+
+
+@in_loop
+async def test_a_waiting_get_ends_404_when_no_data_comes(tmp_path: Path) -> None:
+    s = await _server(tmp_path)
+    try:
+        # Not Saving: no wait at all.
+        await s.checkpoint("pending", "Pending")
+        started = time.monotonic()
+        assert (await s.get("pending", "30"))[0] == 404 and time.monotonic() - started < 5
+        # Saving, and the upload is refused (damaged): the waiting GET looks again at once.
+        await s.checkpoint("refused", "Saving")
+        waiting = asyncio.ensure_future(s.get("refused", "30"))
+        await asyncio.sleep(0.2)
+        damaged = bytearray(snapshot(b"\x01" * 1024))
+        damaged[-1] ^= 0xFF
+        assert await s.put("refused", bytes(damaged)) == 422
+        status, body = await asyncio.wait_for(waiting, 5)
+        assert status == 404 and b'checkpoint \\"refused\\" has no data' in body
+        # Saving, and the Checkpoint is deleted: 404 at once.
+        await s.checkpoint("deleted", "Saving")
+        waiting = asyncio.ensure_future(s.get("deleted", "30"))
+        await asyncio.sleep(0.2)
+        await s.api.registry.delete(by_plural("checkpoints"), "default", "deleted")
+        assert (await asyncio.wait_for(waiting, 5))[0] == 404
+        # Saving and nothing comes: 404 once the wait is over.
+        await s.checkpoint("silent", "Saving")
+        started = time.monotonic()
+        assert (await s.get("silent", "1"))[0] == 404 and time.monotonic() - started >= 1
+    finally:
+        await s.stop()
+
+
+@in_loop
+async def test_wait_seconds_must_be_0_to_60(tmp_path: Path) -> None:
+    s = await _server(tmp_path)
+    try:
+        await s.checkpoint("ck", "Saving")
+        for bad in ("abc", "-1", "61", "1.5"):
+            status, body = await s.get("ck", bad)
+            assert status == 400 and b"waitSeconds must be a whole number of seconds from 0 to 60" in body, body
+    finally:
+        await s.stop()
