@@ -78,6 +78,7 @@ BOARD_CAPACITY = 256 * 1024
 
 Buffer = Union[bytearray, mmap.mmap]
 CHECK_STEP = 1 << 20  # bytes handed to the snapshot reader at a time
+FORWARD_STEP = 256 << 10  # bytes received between wake-ups of GETs forwarding them
 
 
 def _fresh_buffer(size: int) -> Buffer:
@@ -114,6 +115,36 @@ class Stored:
     data: Buffer
     name: str
     facts: dict[str, Any]  # the snapshot's status facts (movability.SNAPSHOT_FACTS)
+
+
+class Arriving:
+    """Data being received: how far it got, for GETs that forward it as it comes."""
+
+    def __init__(self, uid: str, view: memoryview) -> None:
+        self.uid = uid
+        self.view = view
+        self.received = 0
+        self.ended = False      # all received and checked, or failed
+        self.failed = False
+        self._progress: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def advanced(self, received: int) -> None:
+        self.received = received
+        self._wake()
+
+    def end(self, failed: bool) -> None:
+        self.ended, self.failed = True, failed
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self._progress.done():
+            self._progress.set_result(None)
+        self._progress = asyncio.get_running_loop().create_future()
+
+    async def beyond(self, sent: int) -> None:
+        """Until more than ``sent`` bytes arrived, or the data ended."""
+        while self.received <= sent and not self.ended:
+            await asyncio.shield(self._progress)
 
 
 class CheckpointDataSpace:
@@ -163,8 +194,9 @@ class CheckpointDataAPI:
     def __init__(self, server: "APIServer", space: CheckpointDataSpace) -> None:
         self.server = server
         self.space = space
-        # GETs waiting for data on its way (waitSeconds), by (namespace, name)
+        # GETs waiting for data on its way (waitSeconds), and data being received, by (namespace, name)
         self._waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
+        self._arriving: dict[tuple[str, str], Arriving] = {}
         server.sub_handlers[("checkpoints", "data", "GET")] = self.get
         server.sub_handlers[("checkpoints", "data", "PUT")] = self.put
         server.registry.before_delete["checkpoints"] = self._on_delete
@@ -176,45 +208,78 @@ class CheckpointDataAPI:
     async def get(self, request: web.Request, t: "Target") -> web.StreamResponse:
         assert t.name is not None and t.namespace is not None
         wait = wait_seconds(request.query)
-        stored = await self._stored_or_wait(t, wait)
-        if stored is None:
+        found = await self._stored_or_wait(t, wait)
+        if found is None:
             raise errors.APIError(404, "NotFound", f'checkpoint "{t.name}" has no data',
                                   details={"name": t.name, "group": "kube32.io", "kind": "checkpoints"})
-        view = memoryview(stored.data)
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        if isinstance(found, Arriving):
+            resp.content_length = len(found.view)
+            await resp.prepare(request)
+            await self._forward(request, resp, found)
+            return resp
+        view = memoryview(found.data)
         resp.content_length = len(view)
         for header, field in FACT_HEADERS:
-            resp.headers[header] = str(stored.facts[field])
+            resp.headers[header] = str(found.facts[field])
         await resp.prepare(request)
         for off in range(0, len(view), ASYNC_WRITE):  # each write is encrypted and sent whole
             await resp.write(view[off: off + ASYNC_WRITE])
         await resp.write_eof()
         return resp
 
-    async def _stored_or_wait(self, t: "Target", wait: float) -> Stored | None:
-        """The Checkpoint's data; while the Checkpoint is Saving (its data on the way), first
-        wait up to ``wait`` seconds for an upload or pull of it to end, stored or not."""
+    @staticmethod
+    async def _forward(request: web.Request, resp: web.StreamResponse, arriving: Arriving) -> None:
+        """Send data as it is received (a move's target reads it while it is stored).  The
+        bytes are the ones being checked and stored; if the upload fails halfway, the
+        connection is cut, so the reader sees a truncated body, never a short one."""
+        sent, size = 0, len(arriving.view)
+        while sent < size:
+            await arriving.beyond(sent)
+            if arriving.failed:
+                if request.transport is not None:
+                    request.transport.close()
+                raise ConnectionResetError("the upload being forwarded failed")
+            end = arriving.received
+            for off in range(sent, end, ASYNC_WRITE):
+                await resp.write(arriving.view[off: min(off + ASYNC_WRITE, end)])
+            sent = end
+        await resp.write_eof()
+
+    async def _stored_or_wait(self, t: "Target", wait: float) -> Stored | Arriving | None:
+        """The Checkpoint's data; while the Checkpoint is Saving (its data on the way), the
+        data as it arrives, first waiting up to ``wait`` seconds for an upload or pull of it
+        to begin, or to end refused."""
         assert t.name is not None and t.namespace is not None
         key = (t.namespace, t.name)
-        # Registered before the read: an upload that ends while the read waits still wakes us.
-        settled = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(key, set()).add(settled)
+        # Registered before the read: an upload that begins or ends while the read waits
+        # still wakes us.
+        woken = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, set()).add(woken)
         try:
             ck = await self.server.registry.get(t.res, t.namespace, t.name)
-            stored = self.space.stored(ck["metadata"]["uid"])
-            if stored is not None or (ck.get("status") or {}).get("phase") != "Saving" or wait <= 0:
-                return stored
-            await asyncio.wait([settled], timeout=wait)
+            found = self._found(key, ck, wait > 0)
+            if found is not None or (ck.get("status") or {}).get("phase") != "Saving" or wait <= 0:
+                return found
+            await asyncio.wait([woken], timeout=wait)
         finally:
             waiters = self._waiting.get(key, set())
-            waiters.discard(settled)
+            waiters.discard(woken)
             if not waiters:
                 self._waiting.pop(key, None)
-        ck = await self.server.registry.get(t.res, t.namespace, t.name)
-        return self.space.stored(ck["metadata"]["uid"])
+        return self._found(key, await self.server.registry.get(t.res, t.namespace, t.name), True)
+
+    def _found(self, key: tuple[str, str], ck: dict[str, Any], arriving: bool) -> Stored | Arriving | None:
+        uid = ck["metadata"]["uid"]
+        stored = self.space.stored(uid)
+        if stored is not None or not arriving or _corrupts(ck):  # a storage fault is served from storage
+            return stored
+        on_way = self._arriving.get(key)
+        return on_way if on_way is not None and on_way.uid == uid and not on_way.failed else None
 
     def _settled(self, namespace: str | None, name: str | None) -> None:
-        """An upload or pull of this Checkpoint's data ended (stored or not): waiting GETs look again."""
+        """An upload or pull of this Checkpoint's data began, or ended (stored or not):
+        waiting GETs look again."""
         for waiter in self._waiting.get((namespace or "", name or ""), ()):
             if not waiter.done():
                 waiter.set_result(None)
@@ -246,7 +311,7 @@ class CheckpointDataAPI:
         uid = ck["metadata"]["uid"]
         self.space.reserve(uid, size)
         try:
-            data = await self._receive(stream, size)
+            data = await self._receive(stream, size, (t.namespace or "", t.name), uid)
         except BaseException:
             self.space.release(size)
             raise
@@ -312,13 +377,15 @@ class CheckpointDataAPI:
         passed["X-Kube32-Snapshot-Sha256"] = out["status"]["snapshotSha256"]  # checked, from the trailer
         return web.json_response(out, headers=passed)
 
-    @staticmethod
-    async def _receive(stream: Any, size: int) -> tuple[Buffer, Any]:
+    async def _receive(self, stream: Any, size: int, key: tuple[str, str], uid: str) -> tuple[Buffer, Any]:
         buf = _fresh_buffer(size)
         view = memoryview(buf)
         prefaulting = prefault(view)
         reader = SnapshotReader(total_size=size)
-        pos = checked = 0
+        # GETs waiting for this data forward it as it arrives (see _forward).
+        arriving = self._arriving[key] = Arriving(uid, view)
+        self._settled(*key)
+        pos = checked = told = 0
         try:
             # readchunk: each piece as it arrived (iter_any and read(n) join the pieces
             # they find buffered into a new bytes object first).
@@ -334,12 +401,21 @@ class CheckpointDataAPI:
                     # The buffer is written once: the reader's hash reads it in place, on its thread.
                     reader.feed(view[checked: pos], stable=True)
                     checked = pos
+                if pos - told >= FORWARD_STEP or pos == size:
+                    arriving.advanced(pos)
+                    told = pos
             if pos < size:
                 raise SnapshotError("the snapshot ends before its trailer (truncated)", "truncated")
             snap = reader.finish()
-        except SnapshotError as e:
-            raise errors.APIError(422, "Invalid", f"the snapshot is not valid: {e}") from None
+        except BaseException as e:
+            arriving.end(failed=True)
+            if isinstance(e, SnapshotError):
+                raise errors.APIError(422, "Invalid", f"the snapshot is not valid: {e}") from None
+            raise
         finally:
             if prefaulting is not None:
                 prefaulting.set()
+            if self._arriving.get(key) is arriving:
+                del self._arriving[key]
+        arriving.end(failed=False)
         return buf, snap

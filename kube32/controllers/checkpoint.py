@@ -136,6 +136,7 @@ class CheckpointController(Controller):
         self.snapshot_lock = asyncio.Lock()  # the control plane takes one snapshot at a time
         self._windows: dict[str, tuple[int, int]] = {}  # checkpoint key -> when it held the lock
         self.exports: dict[str, list[str]] = {}  # image digest -> its exports (a drain asks once)
+        self._running_since: dict[str, int] = {}  # replacement uid -> when first seen running (Unix ms)
         self.rollback_seconds = ctx.options.move_rollback_seconds
         self.retention_seconds = ctx.options.checkpoint_retention_seconds
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
@@ -154,6 +155,14 @@ class CheckpointController(Controller):
         ann = (pod.get("metadata") or {}).get("annotations") or {}
         ck_name = ann.get(movability.RESTORE_FROM)
         if ck_name:
+            uid = pod["metadata"].get("uid", "")
+            if uid not in self._running_since and (pod.get("status") or {}).get("phase") == "Running" and \
+                    all("running" in (cs.get("state") or {}) for cs in (pod.get("status") or {}).get("containerStatuses") or [{}]):
+                # When the replacement was first seen running: the Moved figure ends here,
+                # not when a sync gets to it.
+                if len(self._running_since) >= 4096:
+                    self._running_since.clear()
+                self._running_since[uid] = _now_ms()
             self.queue.add(f"{pod['metadata']['namespace']}/{ck_name}")
 
     async def resync(self) -> None:
@@ -511,7 +520,8 @@ class CheckpointController(Controller):
 
     async def _complete(self, ck: Obj, pod: Obj) -> None:
         st = _status(ck)
-        ms = max(0, _now_ms() - int(st.get("frozenAtMs") or _now_ms()))
+        running_at = self._running_since.pop(pod["metadata"].get("uid", ""), None) or _now_ms()
+        ms = max(0, running_at - int(st.get("frozenAtMs") or running_at))
         message = f"moved from {st.get('nodeName')} to {st.get('targetNode')} in {ms} ms from the freeze"
         await self._drop_annotation(pod)
         try:

@@ -30,7 +30,8 @@ def in_loop(fn):
 
 
 def snapshot(memory: bytes) -> bytes:
-    state = PodState(image_sha256=bytes(32), memory_bytes=len(memory), memory_pages=1, pod_time_ms=7,
+    state = PodState(image_sha256=bytes(32), memory_bytes=len(memory), memory_pages=max(1, -(-len(memory) // 65536)),
+                     pod_time_ms=7,
                      unix_time_ms=0, globals=(GlobalState(0, VALTYPE_I32, 1),))
     return SnapshotWriter(state, memory).to_bytes()
 
@@ -140,5 +141,38 @@ async def test_wait_seconds_must_be_0_to_60(tmp_path: Path) -> None:
         for bad in ("abc", "-1", "61", "1.5"):
             status, body = await s.get("ck", bad)
             assert status == 400 and b"waitSeconds must be a whole number of seconds from 0 to 60" in body, body
+    finally:
+        await s.stop()
+
+
+@in_loop
+async def test_a_waiting_get_forwards_the_data_while_it_arrives(tmp_path: Path) -> None:
+    """Cut-through: the target's restore reads the bytes as the control plane receives them."""
+    s = await _server(tmp_path)
+    try:
+        await s.checkpoint("ck", "Saving")
+        body = snapshot(bytes(range(256)) * 4096)  # 1 MiB of memory
+        half = asyncio.Event()
+
+        async def slow_body():
+            yield body[: len(body) // 2]
+            await half.wait()   # the second half only once the reader got the first
+            yield body[len(body) // 2:]
+
+        answer = asyncio.ensure_future(s.session.get(f"{s.url}{CKS}/ck/data", params={"waitSeconds": "30"}))
+        await asyncio.sleep(0.2)
+        upload = asyncio.ensure_future(s.session.put(
+            f"{s.url}{CKS}/ck/data", data=slow_body(),
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(body))}))
+        async with await asyncio.wait_for(answer, 10) as r:
+            assert r.status == 200 and r.content_length == len(body)
+            first = await asyncio.wait_for(r.content.readexactly(256 << 10), 10)
+            assert first == body[: 256 << 10] and not upload.done(), "forwarded only after the whole upload"
+            half.set()
+            rest = await asyncio.wait_for(r.content.read(), 10)
+        assert first + rest == body
+        async with await upload as put:
+            assert put.status == 200
+        assert await s.get("ck") == (200, body)
     finally:
         await s.stop()
