@@ -14,6 +14,12 @@ runs the container's life:
 4. run until the pod exits by itself (a command pod returned: ``Completed``; a trap:
    ``Error``), then restart per ``restartPolicy`` or end in ``Succeeded``/``Failed``.
 
+A pod with ``kube32.io/restore-from`` restores instead of step 3 (never restarted when
+that fails: ``RestoreError``).  A move's replacement usually finds its restore begun by
+the node's prefetch (kube32.kubelet.prefetch): it then takes the prepared module and
+instance, and only finishes the restore when the image and the config it builds in
+step 2 are the ones prepared.
+
 Status is written as Kubernetes' kubelet writes it, through ``pods/<name>/status``
 with a JSON patch whose first operation tests ``metadata.uid``: a status write can
 never land on a replacement pod of the same name.  Writes happen on every state
