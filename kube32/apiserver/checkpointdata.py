@@ -5,10 +5,12 @@ with a Content-Length), checks magic, version and trailer as it arrives (422 whe
 wrong, nothing stored), sets ``status.sizeBytes``, ``snapshotSha256``, ``imageSha256``
 and ``podTimeMs`` from it and answers the Checkpoint.  ``GET`` answers the bytes, or
 404 while the Checkpoint has none.  ``GET ?waitSeconds=<n>`` (0-60, default 0): while
-the Checkpoint is ``Saving`` (its data on the way), the answer first waits up to n seconds
-for an upload or pull of the data to end (stored or refused), then answers as above.  A move's target kubelet
-sends its data GET so as soon as it learns it is the target (see kube32.kubelet.prefetch):
-the bytes leave the moment they are stored, while the controller replaces the pod.
+the Checkpoint is ``Saving`` (its data on the way), the answer waits up to n seconds for an
+upload or pull of the data to begin, then forwards the bytes as they arrive (the trailer
+last, once the whole snapshot is checked and stored; a refused upload cuts the connection),
+or answers as above when none begins or it is refused.  A move's target kubelet sends
+its data GET this way as soon as it learns it is the target (kube32.kubelet.prefetch), so
+the bytes reach it while the control plane receives them.
 
 ``PUT checkpoints/<name>/data?fromNode=<node>&pod=<pod>&container=<c>[&leave=running|
 frozen][&timeoutMs=<ms>]`` (no body) has the API server take the snapshot itself: it
@@ -49,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Union
 import aiohttp
 from aiohttp import web
 
-from ..snapshot import SnapshotError, SnapshotReader
+from ..snapshot import TRAILER_SIZE, SnapshotError, SnapshotReader
 from ..snapshot.parallel import prefault
 from ..snapshot.writer import ASYNC_WRITE
 from . import authz, errors
@@ -141,9 +143,16 @@ class Arriving:
             self._progress.set_result(None)
         self._progress = asyncio.get_running_loop().create_future()
 
+    def forwardable(self) -> int:
+        """How many bytes may be forwarded: all once the data is checked and stored; before
+        that, all but the trailer, so a reader never gets a whole snapshot this control
+        plane refused."""
+        return len(self.view) if self.ended and not self.failed else \
+            min(self.received, len(self.view) - TRAILER_SIZE)
+
     async def beyond(self, sent: int) -> None:
-        """Until more than ``sent`` bytes arrived, or the data ended."""
-        while self.received <= sent and not self.ended:
+        """Until more than ``sent`` bytes may be forwarded, or the data failed."""
+        while self.forwardable() <= sent and not self.failed:
             await asyncio.shield(self._progress)
 
 
@@ -231,8 +240,9 @@ class CheckpointDataAPI:
     @staticmethod
     async def _forward(request: web.Request, resp: web.StreamResponse, arriving: Arriving) -> None:
         """Send data as it is received (a move's target reads it while it is stored).  The
-        bytes are the ones being checked and stored; if the upload fails halfway, the
-        connection is cut, so the reader sees a truncated body, never a short one."""
+        bytes are the ones being checked and stored; the trailer goes last, once the whole
+        snapshot is checked and stored.  If the upload fails, the connection is cut: the
+        reader sees a truncated body, never a short one nor a snapshot refused here."""
         sent, size = 0, len(arriving.view)
         while sent < size:
             await arriving.beyond(sent)
@@ -240,7 +250,7 @@ class CheckpointDataAPI:
                 if request.transport is not None:
                     request.transport.close()
                 raise ConnectionResetError("the upload being forwarded failed")
-            end = arriving.received
+            end = arriving.forwardable()
             for off in range(sent, end, ASYNC_WRITE):
                 await resp.write(arriving.view[off: min(off + ASYNC_WRITE, end)])
             sent = end
@@ -324,15 +334,18 @@ class CheckpointDataAPI:
                 raise errors.conflict("checkpoints", t.name, "kube32.io", "the Checkpoint was replaced during the upload")
             obj.setdefault("status", {}).update(facts)
             return obj
+        key, arriving = (t.namespace or "", t.name), data[2]
         try:
             out = await self.server.registry.mutate(t.res, t.namespace, t.name, set_facts, subresource="status") \
                 if write_facts else set_facts(await self.server.registry.get(t.res, t.namespace, t.name))
         except BaseException:
             self.space.release(size)
+            self._arrived(key, arriving, stored=False)
             raise
         if _corrupts(ck):
             data[0][len(data[0]) // 2] ^= 0xFF
         self.space.commit(uid, t.name, data[0], facts)
+        self._arrived(key, arriving, stored=True)
         return out
 
     async def _pull(self, request: web.Request, t: "Target") -> web.StreamResponse:
@@ -377,7 +390,8 @@ class CheckpointDataAPI:
         passed["X-Kube32-Snapshot-Sha256"] = out["status"]["snapshotSha256"]  # checked, from the trailer
         return web.json_response(out, headers=passed)
 
-    async def _receive(self, stream: Any, size: int, key: tuple[str, str], uid: str) -> tuple[Buffer, Any]:
+    async def _receive(self, stream: Any, size: int, key: tuple[str, str],
+                       uid: str) -> tuple[Buffer, Any, Arriving]:
         buf = _fresh_buffer(size)
         view = memoryview(buf)
         prefaulting = prefault(view)
@@ -408,14 +422,17 @@ class CheckpointDataAPI:
                 raise SnapshotError("the snapshot ends before its trailer (truncated)", "truncated")
             snap = reader.finish()
         except BaseException as e:
-            arriving.end(failed=True)
+            self._arrived(key, arriving, stored=False)
             if isinstance(e, SnapshotError):
                 raise errors.APIError(422, "Invalid", f"the snapshot is not valid: {e}") from None
             raise
         finally:
             if prefaulting is not None:
                 prefaulting.set()
-            if self._arriving.get(key) is arriving:
-                del self._arriving[key]
-        arriving.end(failed=False)
-        return buf, snap
+        return buf, snap, arriving
+
+    def _arrived(self, key: tuple[str, str], arriving: Arriving, stored: bool) -> None:
+        """The data being received is stored, or will not be: forwarders finish or cut."""
+        arriving.end(failed=not stored)
+        if self._arriving.get(key) is arriving:
+            del self._arriving[key]
