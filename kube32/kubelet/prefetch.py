@@ -6,10 +6,10 @@ name its node (``fieldSelector status.targetNode=<node>``: all the node authoriz
 a node watch of them) and, for each Move still ``Saving``, starts the restore at once:
 it reads the pod being moved (the node authorizer lets the target read it, and the
 ConfigMaps and Secrets it names, while the move is under way), pulls and loads its
-image, builds its config as this node would run it, makes the instance and sends
-``GET .../data?waitSeconds=``, which the API server answers the moment the snapshot is
-stored: the bytes stream straight into the new instance while the controller replaces
-the pod.  When the replacement arrives, its worker takes the restore
+image, sends ``GET .../data?waitSeconds=`` (the API server forwards the snapshot's bytes
+as it receives them), builds its config as this node would run it, makes the instance
+and streams the data straight into it while the controller stores the snapshot and
+replaces the pod.  When the replacement arrives, its worker takes the restore
 (:meth:`Prefetcher.take`) and only finishes it (globals, tables, clock, channels,
 ``k32_restored``) - if its image and config are the ones prepared; otherwise the
 prepared instance is dropped and the worker restores as without a prefetch.  A restart
@@ -179,9 +179,6 @@ class Prefetcher:
         request: migration.DataRequest | None = None
         instance: Pod | None = None
         try:
-            # The data's request first: the API server holds it until the snapshot is stored,
-            # so it is out before the bytes are, whatever the steps below take.
-            request = migration.DataRequest(self.kl, ns, name, wait_seconds=WAIT_SECONDS)
             pod = await self.kl.client.get(PODS, ck["spec"]["podName"], ns)
             if pod["metadata"].get("uid") != st.get("podUID"):
                 return None
@@ -191,6 +188,10 @@ class Prefetcher:
             image, ann = container.get("image", ""), here["metadata"].get("annotations") or {}
             data = await self.kl.images.pull(image, ann)
             module = await asyncio.to_thread(self.kl.runtime.load, data, expected_digest(image, ann))
+            # The data's request once the module is loaded (the API server holds it until
+            # the snapshot comes): one request at a time on the node's connections, and no
+            # answer waiting in buffers behind a slow pull - the restore's peak memory.
+            request = migration.DataRequest(self.kl, ns, name, wait_seconds=WAIT_SECONDS)
             config = await pod_config(self.kl.client, here, self.kl.ip, self.kl.options.call_timeout_ms)
             instance = Pod(self.kl.runtime, module, self.kl.within_heap(config), self.kl)
             self._instances[id(instance)] = instance
