@@ -279,11 +279,6 @@ class DataRequest:
             "GET", CHECKPOINTS.path(namespace, checkpoint_name, "data"), params=params,
             timeout=aiohttp.ClientTimeout(total=None, sock_read=60 + wait_seconds)))
 
-    def failed(self) -> bool:
-        """Answered with anything but the data (an error, a refusal, a 404)."""
-        r = self.response
-        return r.done() and (r.cancelled() or r.exception() is not None or r.result().status != 200)
-
     async def close(self) -> None:
         if not self.response.done():
             self.response.cancel()

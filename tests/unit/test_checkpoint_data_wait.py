@@ -38,10 +38,18 @@ def snapshot(memory: bytes) -> bytes:
 
 
 class Server:
-    """An API server on a free loopback port, with the Checkpoint data subresource."""
+    """An API server on a free loopback port, with the Checkpoint data subresource
+    (``async with Server(tmp_path) as s``)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
 
     async def __aenter__(self) -> "Server":
+        await self.start(self.data_dir)
         return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
 
     async def start(self, data_dir: Path) -> None:
         self.store = await SQLiteStore.open(data_dir / "state.db")
@@ -93,29 +101,19 @@ class Server:
             return r.status
 
 
-async def _server(tmp_path: Path) -> Server:
-    s = Server()
-    await s.start(tmp_path)
-    return s
-
-
 @in_loop
 async def test_a_get_waits_for_the_data_of_a_saving_checkpoint(tmp_path: Path) -> None:
-    s = await _server(tmp_path)
-    try:
+    async with Server(tmp_path) as s:
         await s.checkpoint("ck", "Saving")
         waiting = await s.waiting_get("ck")
         body = snapshot(b"\x05" * 4096)
         assert await s.put("ck", body) == 200
         assert await asyncio.wait_for(waiting, 5) == (200, body)
-    finally:
-        await s.stop()
 
 
 @in_loop
 async def test_a_waiting_get_ends_404_when_no_data_comes(tmp_path: Path) -> None:
-    s = await _server(tmp_path)
-    try:
+    async with Server(tmp_path) as s:
         # Not Saving: no wait at all.
         await s.checkpoint("pending", "Pending")
         started = time.monotonic()
@@ -139,27 +137,21 @@ async def test_a_waiting_get_ends_404_when_no_data_comes(tmp_path: Path) -> None
         await s.checkpoint("silent", "Saving")
         started = time.monotonic()
         assert (await s.get("silent", "1"))[0] == 404 and time.monotonic() - started >= 1
-    finally:
-        await s.stop()
 
 
 @in_loop
 async def test_wait_seconds_must_be_0_to_60(tmp_path: Path) -> None:
-    s = await _server(tmp_path)
-    try:
+    async with Server(tmp_path) as s:
         await s.checkpoint("ck", "Saving")
         for bad in ("abc", "-1", "61", "1.5"):
             status, body = await s.get("ck", bad)
             assert status == 400 and b"waitSeconds must be a whole number of seconds from 0 to 60" in body, body
-    finally:
-        await s.stop()
 
 
 @in_loop
 async def test_a_waiting_get_forwards_the_data_while_it_arrives(tmp_path: Path) -> None:
     """Cut-through: the target's restore reads the bytes as the control plane receives them."""
-    s = await _server(tmp_path)
-    try:
+    async with Server(tmp_path) as s:
         await s.checkpoint("ck", "Saving")
         body = snapshot(bytes(range(256)) * 4096)  # 1 MiB of memory
         half = asyncio.Event()
@@ -184,5 +176,3 @@ async def test_a_waiting_get_forwards_the_data_while_it_arrives(tmp_path: Path) 
         async with await upload as put:
             assert put.status == 200
         assert await s.get("ck") == (200, body)
-    finally:
-        await s.stop()
