@@ -126,7 +126,7 @@ class Arriving:
         self.uid = uid
         self.view = view
         self.received = 0
-        self.ended = False      # all received and checked, or failed
+        self.ended = False      # checked and stored, or failed
         self.failed = False
         self._progress: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
