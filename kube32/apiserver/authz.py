@@ -190,8 +190,9 @@ class NodeAuthorizer:
     async def _referenced(self, node: str, kind: str, namespace: str, name: str) -> bool:
         if kind == "checkpoints" and await self._checkpoint_pod_on(node, namespace, name):
             return True  # the usual restore, without decoding every pod on the node
-        pods = await self._pods_on(node, namespace) + await self._pods_moving_to(node, namespace)
-        return any(name in pod_references(p)[kind] for p in pods)
+        if any(name in pod_references(p)[kind] for p in await self._pods_on(node, namespace)):
+            return True
+        return any(name in pod_references(p)[kind] for p in await self._pods_moving_to(node, namespace))
 
     async def _pods_moving_to(self, node: str, namespace: str, pod_name: str | None = None) -> list[dict[str, Any]]:
         """The pods that moves under way toward ``node`` are taking there: its kubelet

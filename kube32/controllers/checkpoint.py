@@ -37,7 +37,7 @@ import aiohttp
 from .. import movability
 from ..client import CHECKPOINTS, NODES, PODS, ApiError, MutationCache
 from .base import Controller, key_of, split_key
-from .podutil import parse_time, rfc3339
+from .podutil import all_running, parse_time, rfc3339
 from .scheduler import node_misfits, node_ready, pick_node, usage_by_node
 
 log = logging.getLogger("kube32.checkpoint")
@@ -87,14 +87,6 @@ def _container_state(pod: Obj, container: str) -> Obj:
         if cs.get("name") == container:
             return cs.get("state") or {}
     return {}
-
-
-def _runs(pod: Obj, ck: Obj) -> bool:
-    try:
-        return (pod.get("status") or {}).get("phase") == "Running" and \
-            "running" in _container_state(pod, container_of(ck, pod))
-    except MoveError:
-        return False
 
 
 def container_of(ck: Obj, pod: Obj) -> str:
@@ -156,8 +148,7 @@ class CheckpointController(Controller):
         ck_name = ann.get(movability.RESTORE_FROM)
         if ck_name:
             uid = pod["metadata"].get("uid", "")
-            if uid not in self._running_since and (pod.get("status") or {}).get("phase") == "Running" and \
-                    all("running" in (cs.get("state") or {}) for cs in (pod.get("status") or {}).get("containerStatuses") or [{}]):
+            if uid not in self._running_since and all_running(pod):
                 # When the replacement was first seen running: the Moved figure ends here,
                 # not when a sync gets to it.
                 if len(self._running_since) >= 4096:

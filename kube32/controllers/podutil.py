@@ -130,6 +130,13 @@ def is_active(pod: Obj) -> bool:
     return not is_terminating(pod) and not is_terminal(pod)
 
 
+def all_running(pod: Obj) -> bool:
+    """Phase Running with every container's state ``running`` (and at least one container)."""
+    status = pod.get("status") or {}
+    states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
+    return status.get("phase") == "Running" and bool(states) and all("running" in s for s in states)
+
+
 def is_ready(pod: Obj) -> bool:
     c = pod_condition(pod, "Ready")
     return c is not None and c.get("status") == "True"

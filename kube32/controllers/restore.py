@@ -17,7 +17,7 @@ from .. import movability
 from ..client import CHECKPOINTS, PODS, ApiError
 from .base import Controller, key_of
 from .checkpoint import replacement_of
-from .podutil import parse_time
+from .podutil import all_running, parse_time
 
 log = logging.getLogger("kube32.restore")
 Obj = dict[str, Any]
@@ -59,7 +59,7 @@ class RestoreController(Controller):
         ns, ck_name = pod["metadata"]["namespace"], restore_from(pod)
         status = pod.get("status") or {}
         states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
-        running = status.get("phase") == "Running" and bool(states) and all("running" in s for s in states)
+        running = all_running(pod)
         failed = status.get("phase") == "Failed" or any("terminated" in s for s in states)
         if not (running or failed):
             return

@@ -36,13 +36,14 @@ from aiohttp import web
 
 from ..aio import wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
-from ..wasm import ChannelRegistry, Pod, PodConfig, Runtime
+from ..wasm import ChannelRegistry, Module, Pod, PodConfig, Runtime
 from ..wasm.abi import MAX_HELD_EVENTS
 from . import node as nodeinfo
 from . import join as node_join
 from . import migration
-from .images import ImagePuller
+from .images import ImagePuller, expected_digest
 from .nodeports import NodePorts
+from .podspec import pod_config
 from .pods import PodWorker
 from .prefetch import Prefetcher
 from .server import build_app, server_ssl
@@ -173,6 +174,15 @@ class Kubelet:
         used = sum(w.instance.memory_bytes for w in self.workers.values() if w.instance is not None)
         used += self.prefetch.memory_bytes()
         return max(0, self.options.heap_bytes - self.options.driver_bytes - used)
+
+    async def load_module(self, image: str, annotations: dict[str, str]) -> Module:
+        """The pod image's module: pulled (or from the cache) and compiled (once per digest)."""
+        data = await self.images.pull(image, annotations)
+        return await asyncio.to_thread(self.runtime.load, data, expected_digest(image, annotations))
+
+    async def config_for(self, pod: dict[str, Any]) -> PodConfig:
+        """The PodConfig this node runs ``pod`` with (ConfigError when it cannot)."""
+        return await pod_config(self.client, pod, self.ip, self.options.call_timeout_ms)
 
     def within_heap(self, config: PodConfig) -> PodConfig:
         """A pod's linear memory comes out of the node's heap: it may not grow past what

@@ -36,10 +36,10 @@ from ..aio import wait_set
 from ..client import PODS, ApiError
 from ..movability import RESTORE_FROM
 from ..wasm import ImageError, Pod, PodError
-from .images import PullError, expected_digest
+from .images import PullError
 from .logs import LogBuffer
 from .migration import DataRequest, RestoreError, finish, restore
-from .podspec import ConfigError, pod_config
+from .podspec import ConfigError
 
 if TYPE_CHECKING:
     from .kubelet import Kubelet
@@ -157,8 +157,7 @@ class PodWorker:
             if self._prepared is not None and self._prepared.image == self.image:
                 module = self._prepared.module
             else:
-                data = await self.kl.images.pull(self.image, ann)
-                module = await asyncio.to_thread(self.kl.runtime.load, data, expected_digest(self.image, ann))
+                module = await self.kl.load_module(self.image, ann)
         except (PullError, ImageError) as e:
             if isinstance(e, ImageError) and "digest mismatch" not in str(e):
                 return self._crashed(f"image {self.image} is no pod: {e}")
@@ -176,7 +175,7 @@ class PodWorker:
             # the answer waiting in buffers).
             self._data_request = DataRequest(self.kl, self.namespace, wanted)
         try:
-            config = await pod_config(self.kl.client, self.pod, self.kl.ip, self.kl.options.call_timeout_ms)
+            config = await self.kl.config_for(self.pod)
         except ConfigError as e:
             self.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
             self.changed()

@@ -42,8 +42,6 @@ from ..client.informer import key_of
 from ..snapshot import Snapshot
 from ..wasm import Pod, PodConfig
 from . import migration
-from .images import expected_digest
-from .podspec import pod_config
 
 if TYPE_CHECKING:
     from .kubelet import Kubelet
@@ -186,13 +184,12 @@ class Prefetcher:
             here["spec"]["nodeName"] = self.node
             container = (here["spec"].get("containers") or [{}])[0]
             image, ann = container.get("image", ""), here["metadata"].get("annotations") or {}
-            data = await self.kl.images.pull(image, ann)
-            module = await asyncio.to_thread(self.kl.runtime.load, data, expected_digest(image, ann))
+            module = await self.kl.load_module(image, ann)
             # The data's request once the module is loaded (the API server holds it until
             # the snapshot comes): one request at a time on the node's connections, and no
             # answer waiting in buffers behind a slow pull - the restore's peak memory.
             request = migration.DataRequest(self.kl, ns, name, wait_seconds=WAIT_SECONDS)
-            config = await pod_config(self.kl.client, here, self.kl.ip, self.kl.options.call_timeout_ms)
+            config = await self.kl.config_for(here)
             instance = Pod(self.kl.runtime, module, self.kl.within_heap(config), self.kl)
             self._instances[id(instance)] = instance
             snapshot = await migration.read_into(self.kl, instance, request)
