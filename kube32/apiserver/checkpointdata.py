@@ -197,6 +197,11 @@ class CheckpointDataSpace:
         self._items.pop(uid, None)
 
 
+async def _write_range(resp: web.StreamResponse, view: memoryview, start: int, end: int) -> None:
+    for off in range(start, end, ASYNC_WRITE):  # each write is encrypted and sent whole
+        await resp.write(view[off: min(off + ASYNC_WRITE, end)])
+
+
 class CheckpointDataAPI:
     """The ``data`` subresource handlers, plugged into the API server."""
 
@@ -232,8 +237,7 @@ class CheckpointDataAPI:
         for header, field in FACT_HEADERS:
             resp.headers[header] = str(found.facts[field])
         await resp.prepare(request)
-        for off in range(0, len(view), ASYNC_WRITE):  # each write is encrypted and sent whole
-            await resp.write(view[off: off + ASYNC_WRITE])
+        await _write_range(resp, view, 0, len(view))
         await resp.write_eof()
         return resp
 
@@ -251,8 +255,7 @@ class CheckpointDataAPI:
                     request.transport.close()
                 raise ConnectionResetError("the upload being forwarded failed")
             end = arriving.forwardable()
-            for off in range(sent, end, ASYNC_WRITE):
-                await resp.write(arriving.view[off: min(off + ASYNC_WRITE, end)])
+            await _write_range(resp, arriving.view, sent, end)
             sent = end
         await resp.write_eof()
 

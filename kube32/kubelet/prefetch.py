@@ -126,8 +126,8 @@ class Prefetcher:
         return prepared.instance
 
     def discard(self, prepared: Prepared) -> None:
-        self._instances.pop(id(prepared.instance), None)
-        self._spawn(asyncio.to_thread(prepared.instance.stop))
+        """A prepared restore nobody will finish: its instance stops."""
+        self._forget(prepared.instance)
 
     async def _sweep(self) -> None:
         while True:
@@ -206,5 +206,6 @@ class Prefetcher:
                 await request.close()
 
     def _forget(self, instance: Pod | None) -> None:
+        """Stop an instance prepared here and not claimed (a claimed one is its worker's)."""
         if instance is not None and self._instances.pop(id(instance), None) is not None:
             self._spawn(asyncio.to_thread(instance.stop))
