@@ -6,6 +6,10 @@ processing (no hashing, no HTTP, no JSON).
   then sends them on) -> C, the route of a move's bytes: source kubelet -> control
   plane (which holds the Checkpoint's data) -> target kubelet.
 
+``Progress``, ``hash_behind`` and ``receive_following`` let a thread hash (or forward)
+bytes while another receives them; the floors (bench/tlshops.py, bench_snapshot's
+``hashed`` mode) use them.
+
 The sender's buffer exists and is touched beforehand (a pod's memory exists before
 its move); every receiver's buffer is fresh, so its page faults count, as in a real
 restore.  The time runs from A's first send to the last byte in the last receiver,
@@ -13,12 +17,15 @@ on CLOCK_MONOTONIC (one clock across processes).
 """
 from __future__ import annotations
 
+import hashlib
 import multiprocessing as mp
 import socket
+import threading
 import time
 from typing import Any
 
 CHUNK = 1 << 20
+STEP = 256 << 10  # bytes received between wake-ups of the threads that follow the receiver
 
 
 def _recv_all(conn: socket.socket, size: int) -> bytearray:
@@ -37,6 +44,48 @@ def _send_all(sock: socket.socket, data: bytes | bytearray) -> None:
     view = memoryview(data)
     for offset in range(0, len(view), CHUNK):
         sock.sendall(view[offset: offset + CHUNK])
+
+
+class Progress:
+    """How many bytes of a buffer are in; the hash and the forwarder wait on it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._done = 0
+
+    def advance(self, done: int) -> None:
+        with self._cond:
+            self._done = done
+            self._cond.notify_all()
+
+    def beyond(self, pos: int) -> int:
+        with self._cond:
+            while self._done <= pos:
+                self._cond.wait()
+            return self._done
+
+
+def hash_behind(view: memoryview, progress: Progress, out: list[bytes]) -> None:
+    """SHA-256 of ``view``, following ``progress``; the digest goes into ``out``."""
+    h, pos = hashlib.sha256(), 0
+    while pos < len(view):
+        end = progress.beyond(pos)
+        h.update(view[pos:end])
+        pos = end
+    out.append(h.digest())
+
+
+def receive_following(conn: socket.socket, view: memoryview, progress: Progress) -> None:
+    """Fill ``view`` from ``conn``, telling ``progress`` every STEP bytes."""
+    got = told = 0
+    while got < len(view):
+        n = conn.recv_into(view[got: got + CHUNK])
+        if not n:
+            raise RuntimeError("the sender stopped early")
+        got += n
+        if got - told >= STEP or got == len(view):
+            progress.advance(got)
+            told = got
 
 
 def _source(port: int, size: int, out: Any) -> None:
