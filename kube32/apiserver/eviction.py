@@ -35,7 +35,7 @@ from aiohttp import web
 
 from .. import movability
 from ..intstr import scaled_value
-from . import errors, meta
+from . import dryrun, errors, meta
 from .registry import Registry
 from .resources import by_plural
 from .selectors import selector_from_match
@@ -141,10 +141,11 @@ class EvictionHandler:
         self._lock = asyncio.Lock()  # one eviction decision at a time: budgets are read-then-act
 
     async def __call__(self, request: web.Request, t: Any, body: Obj) -> web.StreamResponse:
-        dry_run = "All" in request.query.getall("dryRun", [])
         options = body.get("deleteOptions") or {}
         if not isinstance(options, dict):
             raise errors.bad_request("deleteOptions must be an object")
+        # kubectl drain --dry-run=server says it in deleteOptions, not in the query
+        dry_run = dryrun.requested(request, options)
         async with self._lock:
             pod = await self.registry.get(t.res, t.namespace, t.name)
             await self.check_budgets(pod)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from . import bodies, errors
+from . import bodies, dryrun, errors
 
 if TYPE_CHECKING:
     from .server import APIServer, Target
@@ -26,11 +26,12 @@ def install(server: "APIServer") -> None:
         uid = request.query.get("uid")
         if not uid:
             raise errors.bad_request("a pod replacement needs the uid of the pod it replaces (?uid=)")
+        dry_run = dryrun.requested(request)
         body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request),
                              "cannot create pod replacements")
         bodies.check_fields(t.res, body, request.query.get("fieldValidation", "Strict"))
         out = await server.registry.replace(t.res, t.namespace, t.name, body, expected_uid=uid,
-                                            dry_run="All" in request.query.getall("dryRun", []))
+                                            dry_run=dry_run)
         return web.json_response(out, status=201)
 
     server.sub_handlers[("pods", "replacement", "POST")] = replacement

@@ -29,7 +29,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from ..store import Store
-from . import (authz, bodies, discovery, errors, eventbus, images, impersonation, meta, nodecredentials,
+from . import (authz, bodies, discovery, dryrun, errors, eventbus, images, impersonation, meta, nodecredentials,
                rbac, serviceaccounts, tables)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .eviction import EvictionHandler
@@ -333,6 +333,7 @@ class APIServer:
         return obj, warnings
 
     async def create(self, request: web.Request, t: Target) -> web.Response:
+        dry_run = dryrun.requested(request, kind="CreateOptions")
         obj, warnings = await self._body(request, t, f"cannot create {t.res.plural}")
         if t.res.namespaced and t.namespace is None:
             ns_in_body = (obj.get("metadata") or {}).get("namespace") if isinstance(obj, dict) else None
@@ -341,16 +342,16 @@ class APIServer:
         authz.admit(request["user"], t.res.plural, t.namespace, obj)
         if t.res.group == rbac.GROUP:
             await authz.check_escalation(self.authorizer, request["user"], t.res.plural, t.namespace, obj)
-        out = await self.registry.create(t.res, t.namespace, obj, dry_run=_dry_run(request))
+        out = await self.registry.create(t.res, t.namespace, obj, dry_run=dry_run)
         return self._render_one(request, t.res, out, 201, warnings)
 
     async def update(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None
+        dry_run = dryrun.requested(request, kind="UpdateOptions")
         obj, warnings = await self._body(request, t, f"cannot update {t.res.plural}")
         if t.res.group == rbac.GROUP:
             await authz.check_escalation(self.authorizer, request["user"], t.res.plural, t.namespace, obj)
-        out = await self.registry.update(t.res, t.namespace, t.name, obj, subresource=t.sub,
-                                         dry_run=_dry_run(request))
+        out = await self.registry.update(t.res, t.namespace, t.name, obj, subresource=t.sub, dry_run=dry_run)
         return self._render_one(request, t.res, out, 200, warnings)
 
     async def patch(self, request: web.Request, t: Target) -> web.Response:
@@ -358,6 +359,7 @@ class APIServer:
         ptype = bodies.media_type(request)
         if ptype not in PATCH_TYPES:
             raise errors.unsupported_media_type(ptype)
+        dry_run = dryrun.requested(request, kind="PatchOptions")
         raw = await bodies.read_raw(request)
         body = bodies.decode(raw, "application/yaml" if ptype == PATCH_APPLY else "application/json",
                              f"cannot patch {t.res.plural}")
@@ -374,33 +376,33 @@ class APIServer:
         out, created = await self.registry.patch(
             t.res, t.namespace, t.name, ptype, body, subresource=t.sub,
             manager=request.query.get("fieldManager", ""), force=_truthy(request.query.get("force")),
-            dry_run=_dry_run(request))
+            dry_run=dry_run)
         return self._render_one(request, t.res, out, 201 if created else 200, warnings)
 
-    async def _delete_options(self, request: web.Request) -> dict[str, Any]:
+    async def _delete_options(self, request: web.Request) -> tuple[dict[str, Any], bool]:
+        """The request's DeleteOptions (JSON or protobuf body, as kubectl sends them; the
+        query's gracePeriodSeconds and propagationPolicy over them) and whether it is a dry run."""
         options: dict[str, Any] = {}
         if request.body_exists:
             raw = await bodies.read_raw(request)
-            try:  # kubectl may send a protobuf body; an undecodable one is ignored
-                decoded = json.loads(raw) if raw.strip() else {}
-                if isinstance(decoded, dict):
-                    options = decoded
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                options = {}
+            if raw.strip():
+                decoded = bodies.decode(raw, bodies.media_type(request), "cannot decode the delete options")
+                if not isinstance(decoded, dict):
+                    raise errors.bad_request("the delete options must be an object")
+                options = decoded
         for key in ("gracePeriodSeconds", "propagationPolicy"):
             if key in request.query:
                 options[key] = request.query[key]
-        return options
+        return options, dryrun.requested(request, options, kind="DeleteOptions")
 
     async def delete(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None
-        options = await self._delete_options(request)
-        obj, _ = await self.registry.delete(t.res, t.namespace, t.name, options=options,
-                                            dry_run=_dry_run(request))
+        options, dry_run = await self._delete_options(request)
+        obj, _ = await self.registry.delete(t.res, t.namespace, t.name, options=options, dry_run=dry_run)
         return self._render_one(request, t.res, obj, 200)
 
     async def delete_collection(self, request: web.Request, t: Target) -> web.Response:
-        options = await self._delete_options(request)
+        options, dry_run = await self._delete_options(request)
         labels = parse_label_selector(request.query.get("labelSelector"))
         fields = parse_field_selector(request.query.get("fieldSelector"))
         items, rev = await self.registry.list(t.res, t.namespace, labels, fields)
@@ -408,7 +410,7 @@ class APIServer:
         for obj in items:
             try:
                 gone, _ = await self.registry.delete(t.res, meta.namespace_of(obj) or None, meta.name_of(obj),
-                                                     options=options, dry_run=_dry_run(request))
+                                                     options=options, dry_run=dry_run)
                 out.append(gone)
             except errors.APIError as e:
                 if e.code != 404:
@@ -421,6 +423,7 @@ class APIServer:
         assert t.name is not None
         if request.method == "GET":
             return json_response(_scale_of(await self.registry.get(t.res, t.namespace, t.name)))
+        dry_run = dryrun.requested(request, kind="UpdateOptions" if request.method == "PUT" else "PatchOptions")
         if request.method == "PUT":
             body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot update scale")
             replicas = (body.get("spec") or {}).get("replicas") if isinstance(body, dict) else None
@@ -439,11 +442,12 @@ class APIServer:
         def set_replicas(obj: dict) -> dict:
             obj["spec"]["replicas"] = replicas
             return obj
-        out = await self.registry.mutate(t.res, t.namespace, t.name, set_replicas, dry_run=_dry_run(request))
+        out = await self.registry.mutate(t.res, t.namespace, t.name, set_replicas, dry_run=dry_run)
         return json_response(_scale_of(out))
 
     async def binding(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None and t.res.plural == "pods"
+        dry_run = dryrun.requested(request)
         body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot create bindings")
         node = ((body or {}).get("target") or {}).get("name") if isinstance(body, dict) else None
         if not node:
@@ -457,8 +461,7 @@ class APIServer:
                 raise errors.conflict("pods", t.name, why=f"pod {t.name} is being deleted, cannot be assigned to a host")
             pod["spec"]["nodeName"] = node
             return pod
-        await self.registry.mutate(t.res, t.namespace, t.name, bind, subresource="binding",
-                                   dry_run=_dry_run(request))
+        await self.registry.mutate(t.res, t.namespace, t.name, bind, subresource="binding", dry_run=dry_run)
         return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
 
     async def eviction(self, request: web.Request, t: Target) -> web.StreamResponse:
@@ -469,7 +472,10 @@ class APIServer:
         if self.eviction_handler is not None:
             return await self.eviction_handler(request, t, body)
         options = body.get("deleteOptions") or {}
-        await self.registry.delete(t.res, t.namespace, t.name, options=options, dry_run=_dry_run(request))
+        if not isinstance(options, dict):
+            raise errors.bad_request("deleteOptions must be an object")
+        await self.registry.delete(t.res, t.namespace, t.name, options=options,
+                                   dry_run=dryrun.requested(request, options))
         return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
 
     async def finalize_namespace(self, request: web.Request, t: Target) -> web.Response:
@@ -557,6 +563,3 @@ def _scale_of(obj: dict) -> dict:
 def _truthy(value: str | None) -> bool:
     return (value or "").lower() in ("1", "true", "yes")
 
-
-def _dry_run(request: web.Request) -> bool:
-    return "All" in request.query.getall("dryRun", [])

@@ -3,6 +3,7 @@
 "Retention"), with short control plane timings instead of minutes of sleep."""
 from __future__ import annotations
 
+import json
 import signal
 from typing import Iterator
 
@@ -194,3 +195,53 @@ def test_placement_fastest_follows_a_fast_node_and_comes_back(cluster: ControlPl
         fast.stop()
         cluster.kubectl("delete", "pod", "racer", "--wait=false", check=False)
         cluster.kubectl("delete", "node", "turbo", "--wait=false", check=False)
+
+
+def test_server_dry_runs_change_nothing(cluster: ControlPlane, image: str) -> None:
+    """kubectl says dry run in the body for delete (DeleteOptions) and drain (each
+    Eviction's deleteOptions), not in the query: such a request moves, deletes and
+    cordons nothing."""
+    from kubernetes import client as k8s
+    from kubernetes.client.rest import ApiException
+
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("dry-move", "sim-1", image))
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("dry-stay", "sim-1", image,
+                                                          annotations={"kube32.io/migration": "Never"}))
+    running(cluster, "dry-move")
+    running(cluster, "dry-stay")
+    uids = {n: get_json(cluster, "pod", n)["metadata"]["uid"] for n in ("dry-move", "dry-stay")}
+    checkpoints = len(get_json(cluster, "checkpoints")["items"])
+
+    def unchanged() -> None:
+        for n, uid in uids.items():
+            pod = get_json(cluster, "pod", n)
+            assert pod["metadata"]["uid"] == uid and pod["spec"]["nodeName"] == "sim-1"
+            assert not pod["metadata"].get("deletionTimestamp")
+        assert not get_json(cluster, "node", "sim-1")["spec"].get("unschedulable")
+        assert len(get_json(cluster, "checkpoints")["items"]) == checkpoints
+
+    out = cluster.kubectl("delete", "pod", "dry-move", "--dry-run=server")
+    assert 'pod "dry-move" deleted (server dry run)' in out.stdout
+    cluster.kubectl("delete", "pods", "--all", "--dry-run=server")
+    unchanged()
+    cluster.kubectl("create", "configmap", "dry-cm", "--from-literal=a=b", "--dry-run=server")
+    assert cluster.kubectl("get", "configmap", "dry-cm", check=False).returncode == 1
+    cluster.kubectl("label", "pod", "dry-move", "dry=yes", "--dry-run=server")
+    assert "dry" not in (get_json(cluster, "pod", "dry-move")["metadata"].get("labels") or {})
+    out = cluster.kubectl("drain", "sim-1", "--ignore-daemonsets", "--force", "--dry-run=server", timeout=60)
+    assert "node/sim-1 drained (server dry run)" in out.stdout, out.stdout + out.stderr
+    unchanged()
+
+    core = k8s.CoreV1Api(cluster.client())
+    core.delete_namespaced_pod("dry-stay", "default", body=k8s.V1DeleteOptions(dry_run=["All"]))
+    eviction = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name="dry-move", namespace="default"),
+                                     delete_options=k8s.V1DeleteOptions(dry_run=["All"]))
+    core.create_namespaced_pod_eviction("dry-move", "default", eviction)
+    unchanged()
+    with pytest.raises(ApiException) as e:
+        core.delete_namespaced_pod("dry-stay", "default", body=k8s.V1DeleteOptions(dry_run=["Some"]))
+    assert e.value.status == 422
+    assert json.loads(e.value.body)["message"] == ('DeleteOptions.meta.k8s.io "" is invalid: dryRun: Unsupported '
+                                                   'value: []string{"Some"}: supported values: "All"')
+    unchanged()
+    cluster.kubectl("delete", "pod", "dry-move", "dry-stay")
