@@ -23,6 +23,12 @@ After Kubernetes' eviction REST (``pkg/registry/core/pod/storage/eviction.go``):
   other pod is deleted as a DELETE with the Eviction's deleteOptions would
   (graceful for bound pods), and its owner starts a new one.  A second eviction of
   a pod whose move is under way starts no second move.
+* The answer to an eviction that moves a pod waits, outside the lock and for at most
+  ``REPLACED_WAIT`` seconds, until the pod is replaced (a new uid, or gone) or its
+  move ended otherwise.  ``kubectl drain`` looks at the pod right after the answer
+  and then once a second: answered at once, its first look would find the old pod
+  (the move takes tens of milliseconds) and the drain would sit a second on it.
+  Kubernetes answers when the deletion starts; here the "deletion" is the move.
 """
 from __future__ import annotations
 
@@ -38,11 +44,12 @@ from ..intstr import scaled_value
 from . import dryrun, errors, meta
 from .registry import Registry
 from .resources import by_plural
-from .selectors import selector_from_match
+from .selectors import parse_field_selector, selector_from_match
 
 Obj = dict[str, Any]
 
 VIOLATION = "Cannot evict pod as it would violate the pod's disruption budget."
+REPLACED_WAIT = 5.0  # seconds an eviction's answer may wait for its move's replacement
 
 
 # --- budgets (pure) ---------------------------------------------------------------
@@ -149,7 +156,9 @@ class EvictionHandler:
         async with self._lock:
             pod = await self.registry.get(t.res, t.namespace, t.name)
             await self.check_budgets(pod)
-            await self.carry_out(pod, options, dry_run)
+            move = await self.carry_out(pod, options, dry_run)
+        if move is not None:
+            await self._until_replaced(pod, move)
         return _success()
 
     async def check_budgets(self, pod: Obj) -> None:
@@ -190,16 +199,17 @@ class EvictionHandler:
             out[obj["metadata"].get("uid", "")] = int((obj.get("status") or {}).get("desiredNumberScheduled", 0) or 0)
         return out
 
-    async def carry_out(self, pod: Obj, options: Obj, dry_run: bool) -> None:
-        """What an allowed eviction does: move a pod that can move, delete any other."""
+    async def carry_out(self, pod: Obj, options: Obj, dry_run: bool) -> Obj | None:
+        """What an allowed eviction does: move a pod that can move, delete any other.
+        Returns the Move Checkpoint carrying out the eviction, if it is a move."""
         if self.can_move(pod):
-            await self._move(pod, dry_run)
-            return
+            return await self._move(pod, dry_run)
         if (pod.get("metadata") or {}).get("uid") and not (options.get("preconditions") or {}).get("uid"):
             options = {**options, "preconditions": {**(options.get("preconditions") or {}),
                                                     "uid": pod["metadata"]["uid"]}}
         await self.registry.delete(by_plural("pods"), meta.namespace_of(pod), meta.name_of(pod),
                                    options=options, dry_run=dry_run)
+        return None
 
     def can_move(self, pod: Obj) -> bool:
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
@@ -214,17 +224,42 @@ class EvictionHandler:
         exports = self.image_exports(digest) if digest else None
         return not movability.spec_blockers(pod, exports)
 
-    async def _move(self, pod: Obj, dry_run: bool) -> None:
+    async def _move(self, pod: Obj, dry_run: bool) -> Obj | None:
         ns, name = meta.namespace_of(pod), meta.name_of(pod)
         checkpoints = by_plural("checkpoints")
         existing, _ = await self.registry.list(checkpoints, ns)
         for ck in existing:
             if ((ck.get("spec") or {}).get("podName") == name and (ck.get("spec") or {}).get("action") == "Move"
                     and (ck.get("status") or {}).get("phase") in ("Pending", "Saving", "Moving")):
-                return  # a move is under way: the eviction is that move
+                return ck  # a move is under way: the eviction is that move
         import secrets
         ck = {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
               "metadata": {"name": f"{name[:40]}-evict-{secrets.token_hex(3)}", "namespace": ns,
                            "labels": {movability.TRIGGER: "eviction"}},
               "spec": {"podName": name, "action": "Move"}}
-        await self.registry.create(checkpoints, ns, ck, dry_run=dry_run)
+        created = await self.registry.create(checkpoints, ns, ck, dry_run=dry_run)
+        return None if dry_run else created
+
+    async def _until_replaced(self, pod: Obj, move: Obj) -> None:
+        """Until ``pod`` has a replacement (or is gone) or ``move`` ended, at most
+        REPLACED_WAIT seconds: the watches replay from the revisions read, so nothing
+        that happened since is missed."""
+        ns, uid = meta.namespace_of(pod), pod["metadata"]["uid"]
+
+        async def until(plural: str, obj: Obj, done: Callable[[str, Obj], bool]) -> None:
+            fields = parse_field_selector(f"metadata.name={meta.name_of(obj)}")
+            async for kind, seen in self.registry.watch(by_plural(plural), ns, None, fields,
+                                                        obj["metadata"]["resourceVersion"]):
+                if kind == "DELETED" or done(kind, seen):
+                    return
+
+        waits = [asyncio.ensure_future(until("pods", pod, lambda _, p: p["metadata"].get("uid") != uid)),
+                 asyncio.ensure_future(until("checkpoints", move, lambda _, c: (c.get("status") or {}).get(
+                     "phase") in ("Completed", "Failed")))]
+        try:
+            await asyncio.wait(waits, timeout=REPLACED_WAIT, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            # a watch that failed (a compacted revision: 410) only ends the wait early
+            await asyncio.gather(*waits, return_exceptions=True)

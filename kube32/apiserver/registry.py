@@ -522,6 +522,16 @@ class Registry:
             obj = self._watch_objects[key] = decode(kv)
         return obj
 
+    @staticmethod
+    def _watch_prefix(res: Resource, ns: str | None, fields: FieldSelector | None) -> str:
+        """The store prefix a watch needs: one object's key (and the keys it begins,
+        which the selector then drops) for a watch on ``metadata.name=<name>``, so it is
+        not woken by every write to its kind; else the kind's (namespace's) prefix."""
+        name = fields.value_of("metadata.name") if fields is not None else None
+        if name and (ns or not res.namespaced):
+            return res.key(ns, name)
+        return res.prefix(ns)
+
     async def watch(self, res: Resource, ns: str | None, labels: LabelSelector | None,
                     fields: FieldSelector | None, resource_version: str | None
                     ) -> AsyncIterator[tuple[str, Obj]]:
@@ -541,7 +551,7 @@ class Registry:
                 raise errors.bad_request(f"invalid resource version: {resource_version!r}") from None
         # Subscribe before sending the synthetic ADDED events: the subscription starts at
         # the call, so nothing written while they go out is lost.
-        stream = self.store.watch(res.prefix(ns), start)
+        stream = self.store.watch(self._watch_prefix(res, ns, fields), start)
         try:
             for obj in items:
                 yield "ADDED", obj

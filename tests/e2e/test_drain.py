@@ -245,3 +245,22 @@ def test_server_dry_runs_change_nothing(cluster: ControlPlane, image: str) -> No
                                                    'value: []string{"Some"}: supported values: "All"')
     unchanged()
     cluster.kubectl("delete", "pod", "dry-move", "dry-stay")
+
+
+def test_an_eviction_that_moves_is_answered_once_the_pod_is_replaced(cluster: ControlPlane, image: str) -> None:
+    """kubectl drain looks at the pod right after the eviction's answer: it must find the
+    replacement then, not the pod being moved (else it waits a second for its next look)."""
+    from kubernetes import client as k8s
+
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("held", "sim-1", image))
+    running(cluster, "held")
+    before = state(cluster, "held")
+    uid = get_json(cluster, "pod", "held")["metadata"]["uid"]
+    core = k8s.CoreV1Api(cluster.client())
+    core.create_namespaced_pod_eviction("held", "default", k8s.V1Eviction(
+        metadata=k8s.V1ObjectMeta(name="held", namespace="default")))
+    replaced = core.read_namespaced_pod("held", "default")
+    assert replaced.metadata.uid != uid
+    after = wait_for(lambda: state(cluster, "held"), 15, what="held answering")
+    assert after["requests"] == before["requests"] + 1 and after["restored_calls"] == 1
+    cluster.kubectl("delete", "pod", "held")
