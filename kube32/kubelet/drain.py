@@ -28,6 +28,23 @@ def _daemon_pod(pod: dict[str, Any]) -> bool:
     return any(r.get("kind") == "DaemonSet" for r in (pod["metadata"].get("ownerReferences") or []))
 
 
+async def _evict(kl: "Kubelet", uid: str, pod: dict, pending: dict[str, dict]) -> None:
+    """Evict one pod; it leaves ``pending`` unless a budget refused (429: tried again)."""
+    md = pod["metadata"]
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": md["name"], "namespace": md["namespace"]},
+                "deleteOptions": {"preconditions": {"uid": uid}}}
+    try:
+        await kl.client.post_subresource(PODS, md["name"], "eviction", eviction, md["namespace"])
+        pending.pop(uid, None)
+    except ApiError as e:
+        if e.code in (404, 409):
+            pending.pop(uid, None)  # gone or replaced already
+        elif e.code != 429:
+            log.warning("cannot evict %s/%s: %s", md["namespace"], md["name"], e)
+            pending.pop(uid, None)
+
+
 async def drain_self(kl: "Kubelet", timeout: float = DRAIN_SECONDS) -> list[str]:
     """Cordon, mark left, evict, wait; returns the pods still here when the time ran out."""
     name = kl.options.node_name
@@ -41,20 +58,9 @@ async def drain_self(kl: "Kubelet", timeout: float = DRAIN_SECONDS) -> list[str]
                if not _daemon_pod(p) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
     pending = dict(leaving)
     while pending and time.monotonic() < deadline:
-        for uid, pod in list(pending.items()):
-            md = pod["metadata"]
-            eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
-                        "metadata": {"name": md["name"], "namespace": md["namespace"]},
-                        "deleteOptions": {"preconditions": {"uid": uid}}}
-            try:
-                await kl.client.post_subresource(PODS, md["name"], "eviction", eviction, md["namespace"])
-                del pending[uid]
-            except ApiError as e:
-                if e.code in (404, 409):
-                    del pending[uid]  # gone or replaced already
-                elif e.code != 429:
-                    log.warning("cannot evict %s/%s: %s", md["namespace"], md["name"], e)
-                    del pending[uid]
+        # All at once: the answer to an eviction that moves a pod waits for its replacement
+        # (up to 5 s), and one pod that cannot move must not hold up the others.
+        await asyncio.gather(*(_evict(kl, uid, pod, pending) for uid, pod in list(pending.items())))
         if pending:
             await asyncio.sleep(1.0)
     while time.monotonic() < deadline:
