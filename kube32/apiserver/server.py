@@ -220,7 +220,8 @@ class APIServer:
         sub = segs[2] if len(segs) > 2 else None
         rest = "/".join(segs[3:])
         if sub is not None and not res.has_sub(sub):
-            raise nf
+            why = NOT_HERE.get((res.plural, sub))
+            raise errors.bad_request(f"{res.plural}/{sub} is not supported: {why}") if why else nf
         if rest and sub != "proxy":
             raise nf
         if name is not None and not name:
@@ -558,6 +559,20 @@ def _scale_of(obj: dict) -> dict:
             "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 0)},
             "status": {"replicas": (obj.get("status") or {}).get("replicas", 0),
                        "selector": ",".join(f"{k}={v}" for k, v in sel.items())}}
+
+
+# Kubernetes subresources a Kube32 pod has no use for, refused with the reason rather than
+# a bare 404 (kubectl exec, attach, cp, port-forward and debug reach these).
+_NO_PROCESS = ("a Kube32 pod is a WebAssembly module, with no processes, shell or terminal to "
+               "run commands in; read its output with kubectl logs")
+NOT_HERE = {
+    ("pods", "exec"): _NO_PROCESS,
+    ("pods", "attach"): _NO_PROCESS,
+    ("pods", "ephemeralcontainers"): _NO_PROCESS,
+    ("pods", "portforward"): "a Kube32 pod has no network ports to forward; reach its HTTP handler "
+                             "through the API server: kubectl get --raw "
+                             "/api/v1/namespaces/<namespace>/pods/<name>/proxy/<path>, or kubectl proxy",
+}
 
 
 def _truthy(value: str | None) -> bool:

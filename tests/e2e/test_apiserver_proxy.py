@@ -114,3 +114,23 @@ def test_service_without_ready_pods_is_unavailable(control_plane: ControlPlane, 
     cp.kubectl("label", "pod", "p1", "app=b", "--overwrite")
     out = cp.kubectl("get", "--raw", "/api/v1/namespaces/default/services/svc/proxy/", check=False)
     assert out.returncode == 1 and "no endpoints available" in out.stderr
+
+
+def test_exec_attach_and_port_forward_are_refused_with_the_reason(control_plane: ControlPlane,
+                                                                   kubelet: FakeKubelet) -> None:
+    """A Kube32 pod has no processes to run commands in and no ports to forward: kubectl
+    exec, attach, cp and port-forward say so instead of a bare 404, and nothing reaches
+    the kubelet."""
+    cp = control_plane
+    _register(cp, kubelet)
+    seen = len(kubelet.seen)
+    for args in (("exec", "p1", "--", "ls"), ("attach", "p1"), ("cp", "p1:/x", "/tmp/kube32-cp-x")):
+        out = cp.kubectl(*args, check=False, timeout=30)
+        assert out.returncode == 1
+        sub = "attach" if args[0] == "attach" else "exec"
+        assert (f"Error from server (BadRequest): pods/{sub} is not supported: a Kube32 pod is a "
+                "WebAssembly module, with no processes") in out.stderr, out.stderr
+    out = cp.kubectl("port-forward", "pod/p1", "18080:80", check=False, timeout=30)
+    assert out.returncode == 1
+    assert "pods/portforward is not supported: a Kube32 pod has no network ports to forward" in out.stderr
+    assert len(kubelet.seen) == seen
