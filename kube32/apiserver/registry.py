@@ -431,6 +431,10 @@ class Registry:
                 raise errors.not_found(res.plural, name, res.group)
             obj = decode(kv)
             md = obj["metadata"]
+            refusal = res.strategy.delete_refusal(obj)
+            if refusal:
+                raise errors.forbidden(f'{res.plural}{"." + res.group if res.group else ""} "{name}" is forbidden: '
+                                       f"{refusal}")
             if pre.get("uid") and pre["uid"] != md.get("uid"):
                 raise errors.conflict(res.plural, name, res.group,
                                       f"Precondition failed: UID in precondition: {pre['uid']}, "

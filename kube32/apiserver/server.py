@@ -275,7 +275,7 @@ class APIServer:
     # --- rendering ------------------------------------------------------------
     def _render_one(self, request: web.Request, res: Resource, obj: dict, status: int = 200,
                     warnings: list[str] | None = None) -> web.Response:
-        headers = {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)} if warnings else None
+        headers = {"Warning": ", ".join(f'299 - "{_quoted(w)}"' for w in warnings)} if warnings else None
         if tables.wants_table(request.headers.get("Accept", "")):
             body = tables.table(res, [obj], obj["metadata"].get("resourceVersion", ""),
                                 request.query.get("includeObject", "Metadata"))
@@ -344,7 +344,7 @@ class APIServer:
         if t.res.group == rbac.GROUP:
             await authz.check_escalation(self.authorizer, request["user"], t.res.plural, t.namespace, obj)
         out = await self.registry.create(t.res, t.namespace, obj, dry_run=dry_run)
-        return self._render_one(request, t.res, out, 201, warnings)
+        return self._render_one(request, t.res, out, 201, warnings + self._spec_warnings(t, out))
 
     async def update(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None
@@ -353,7 +353,7 @@ class APIServer:
         if t.res.group == rbac.GROUP:
             await authz.check_escalation(self.authorizer, request["user"], t.res.plural, t.namespace, obj)
         out = await self.registry.update(t.res, t.namespace, t.name, obj, subresource=t.sub, dry_run=dry_run)
-        return self._render_one(request, t.res, out, 200, warnings)
+        return self._render_one(request, t.res, out, 200, warnings + self._spec_warnings(t, out))
 
     async def patch(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None
@@ -378,7 +378,13 @@ class APIServer:
             t.res, t.namespace, t.name, ptype, body, subresource=t.sub,
             manager=request.query.get("fieldManager", ""), force=_truthy(request.query.get("force")),
             dry_run=dry_run)
-        return self._render_one(request, t.res, out, 201 if created else 200, warnings)
+        return self._render_one(request, t.res, out, 201 if created else 200,
+                                warnings + self._spec_warnings(t, out))
+
+    @staticmethod
+    def _spec_warnings(t: Target, out: dict[str, Any]) -> list[str]:
+        """The kind's warnings about an object written whole (not through a subresource)."""
+        return [] if t.sub else t.res.strategy.warnings(out)
 
     async def _delete_options(self, request: web.Request) -> tuple[dict[str, Any], bool]:
         """The request's DeleteOptions (JSON or protobuf body, as kubectl sends them; the
@@ -573,6 +579,11 @@ NOT_HERE = {
                              "through the API server: kubectl get --raw "
                              "/api/v1/namespaces/<namespace>/pods/<name>/proxy/<path>, or kubectl proxy",
 }
+
+
+def _quoted(text: str) -> str:
+    """``text`` inside an HTTP quoted-string (a Warning header's text, RFC 7234)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _truthy(value: str | None) -> bool:

@@ -97,6 +97,14 @@ class Strategy:
     def validate_update(self, new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, str]]:
         return self.validate(new)
 
+    def delete_refusal(self, obj: dict[str, Any]) -> str | None:
+        """Why ``obj`` may never be deleted (403, before anything is written), or None."""
+        return None
+
+    def warnings(self, obj: dict[str, Any]) -> list[str]:
+        """What a client should hear about an object it writes (kubectl prints "Warning: ...")."""
+        return []
+
     def unknown_fields(self, obj: dict[str, Any]) -> list[str]:
         """Paths of fields the kind does not have (for fieldValidation=Strict)."""
         allowed = COMMON_TOP | self.top_fields

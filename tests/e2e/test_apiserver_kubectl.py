@@ -127,6 +127,22 @@ def test_bad_input_is_refused_by_name_and_nothing_is_stored(control_plane: Contr
     assert cp.kubectl("get", "--raw", "/healthz").stdout == "ok"
 
 
+def test_a_pod_with_several_containers_is_taken_with_a_warning(control_plane: ControlPlane) -> None:
+    """Kube32 runs a pod's first container only (docs/reference.md): kubectl says so."""
+    cp = control_plane
+    two = POD.replace("  containers:\n", "  containers:\n  - name: side\n    image: kube32.io/wasm-sha256:" + "0" * 64
+                      + "\n", 1)
+    out = cp.kubectl("apply", "-f", "-", input=two)
+    assert "Warning: spec.containers: Kube32 runs only the first container of a pod (side); c will not run" \
+        in out.stderr, out.stderr
+    dep = cp.kubectl("create", "deployment", "pair", "--image=a", "--image=b")
+    assert "Warning: spec.template.spec.containers: Kube32 runs only the first container of a pod (a); b will not " \
+        "run" in dep.stderr, dep.stderr
+    assert "Warning" not in cp.kubectl("apply", "-f", "-", input=POD.replace("web-1", "web-one")).stderr
+    cp.kubectl("delete", "pod", "web-1", "web-one", "--wait=false")
+    cp.kubectl("delete", "deployment", "pair")
+
+
 def test_get_watch_sees_a_change(control_plane: ControlPlane) -> None:
     cp = control_plane
     apply(cp, POD)

@@ -120,3 +120,17 @@ def test_namespace_deletion_empties_and_removes_it(cluster) -> None:
     assert 'namespace "scratch" deleted' in out.stdout
     assert not exists(core.read_namespace, "scratch")
     assert "scratch" not in cp.kubectl("get", "namespaces").stdout
+
+
+def test_the_system_namespaces_may_not_be_deleted(cluster) -> None:
+    """As Kubernetes' NamespaceLifecycle: deleting "default" would take every pod with it."""
+    cp, _ = cluster
+    core = k8s.CoreV1Api(cp.client())
+    cm(core, "kept")
+    for ns in ("default", "kube-system", "kube-public"):
+        out = cp.kubectl("delete", "namespace", ns, check=False)
+        assert out.returncode == 1
+        assert (f'Error from server (Forbidden): namespaces "{ns}" is forbidden: this namespace may not be '
+                "deleted") in out.stderr, out.stderr
+    assert core.read_namespace("default").status.phase == "Active"
+    assert exists(core.read_namespaced_config_map, "kept", "default")

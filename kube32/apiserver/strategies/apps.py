@@ -6,7 +6,7 @@ from typing import Any
 from .. import meta
 from ..selectors import selector_from_match
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
-from .pod import default_pod_spec, unknown_pod_spec_fields, validate_pod_spec
+from .pod import default_pod_spec, pod_spec_warnings, unknown_pod_spec_fields, validate_pod_spec
 
 
 class _WorkloadStrategy(Strategy):
@@ -46,6 +46,9 @@ class _WorkloadStrategy(Strategy):
                 errs.append(("spec.replicas", f"Invalid value: {r}: must be greater than or equal to 0"))
         errs += validate_pod_spec(get_path(spec, "template", "spec"), "spec.template.spec")
         return errs
+
+    def warnings(self, obj: dict[str, Any]) -> list[str]:
+        return pod_spec_warnings(get_path(obj.get("spec"), "template", "spec"), "spec.template.spec")
 
     def validate_update(self, new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, str]]:
         errs = self.validate(new)

@@ -6,6 +6,10 @@ from typing import Any
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy
 
+# As Kubernetes' NamespaceLifecycle admission: these are never deleted (deleting "default"
+# would delete every pod and Checkpoint in it).
+IMMORTAL = ("default", "kube-system", "kube-public")
+
 
 class NamespaceStrategy(Strategy):
     kind = "Namespace"
@@ -19,6 +23,9 @@ class NamespaceStrategy(Strategy):
     def default(self, obj: dict[str, Any]) -> None:
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
         obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = meta.name_of(obj)
+
+    def delete_refusal(self, obj: dict[str, Any]) -> str | None:
+        return "this namespace may not be deleted" if meta.name_of(obj) in IMMORTAL else None
 
     def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
         return {"status.phase": (obj.get("status") or {}).get("phase", "")}

@@ -86,6 +86,16 @@ def validate_pod_spec(spec: Any, prefix: str) -> list[tuple[str, str]]:
     return errs
 
 
+def pod_spec_warnings(spec: Any, prefix: str) -> list[str]:
+    """What a pod spec asks that Kube32 does not do yet, said to the client on each write."""
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    if not isinstance(containers, list) or len(containers) < 2:
+        return []
+    names = [c.get("name", "?") if isinstance(c, dict) else "?" for c in containers]
+    return [f"{prefix}.containers: Kube32 runs only the first container of a pod ({names[0]}); "
+            f"{', '.join(names[1:])} will not run"]
+
+
 def validate_migration_annotations(pod: dict[str, Any]) -> list[tuple[str, str]]:
     """The migration annotations users write (spec: "Policies", "Periodic checkpoints")."""
     ann = (pod.get("metadata") or {}).get("annotations") or {}
@@ -153,6 +163,9 @@ class PodStrategy(Strategy):
 
     def validate(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
         return validate_pod_spec(obj.get("spec"), "spec") + validate_migration_annotations(obj)
+
+    def warnings(self, obj: dict[str, Any]) -> list[str]:
+        return pod_spec_warnings(obj.get("spec"), "spec")
 
     def validate_update(self, new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, str]]:
         errs = self.validate(new)
