@@ -19,6 +19,7 @@ import asyncio
 import base64
 import json
 import re
+from typing import Awaitable, Callable
 
 from aiohttp import web
 
@@ -57,13 +58,18 @@ class EventBus:
         self._subscribers.discard(q)
 
 
-def add_routes(router: web.UrlDispatcher, bus: EventBus) -> None:
-    """Register before the generic ``/apis/{group}/{version}/...`` route."""
+def add_routes(router: web.UrlDispatcher, bus: EventBus,
+               namespace_open: Callable[[str], Awaitable[None]] | None = None) -> None:
+    """Register before the generic ``/apis/{group}/{version}/...`` route.  ``namespace_open``
+    refuses a namespace that does not exist (404) or is being deleted (403), as a create
+    in it would be: a typo in ``-n`` is said, not published to nobody."""
 
     async def publish(request: web.Request) -> web.Response:
         ns, topic = request.match_info["ns"], request.match_info["topic"]
         if not _NAME.match(topic):
             raise errors.bad_request(f'invalid topic name "{topic}": letters, digits and ._:/- only')
+        if namespace_open is not None:
+            await namespace_open(ns)
         # The whole body, however it arrives (content.read(n) may return a first piece only).
         payload = bytearray()
         async for chunk in request.content.iter_chunked(1 << 16):

@@ -149,7 +149,7 @@ class Registry:
                 md.pop("generation", None)
             self._validate(res, obj, res.strategy.validate(obj))
         if res.namespaced and check_namespace:
-            await self._check_namespace_open(ns)
+            await self.check_namespace_open(ns)
         if dry_run:
             if await self.store.get(res.key(ns, md["name"])):
                 raise errors.already_exists(res.plural, md["name"], res.group)
@@ -207,7 +207,7 @@ class Registry:
         if errs:
             raise errors.invalid(res.kind, name, errs, res.group)
 
-    async def _check_namespace_open(self, ns: str) -> None:
+    async def check_namespace_open(self, ns: str) -> None:
         nsres = by_plural("namespaces")
         kv = await self.store.get(nsres.key(None, ns))
         if kv is None:

@@ -96,7 +96,7 @@ class APIServer:
         authz.add_routes(r, self.authorizer)
         nodecredentials.add_routes(r, self)
         images.add_routes(r, self.images)   # before the generic /apis/{group}/{version}/... routes
-        eventbus.add_routes(r, self.events)
+        eventbus.add_routes(r, self.events, self.registry.check_namespace_open)
         r.add_get("/apis/{group}", self.api_group)
         r.add_route("*", "/apis/{group}/{version}", self.group_version_root)
         r.add_route("*", "/apis/{group}/{version}/{tail:.*}", self.resource)

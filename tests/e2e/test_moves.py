@@ -105,6 +105,8 @@ def test_counter_moves_with_its_state(cluster: ControlPlane, image: str) -> None
     for word in ("one", "two"):
         assert cli(cluster, "publish", "greet", word).returncode == 0
     time.sleep(0.5)
+    typo = cli(cluster, "publish", "greet", "lost", "-n", "defualt")
+    assert typo.returncode == 1 and b'namespaces "defualt" not found' in typo.stdout + typo.stderr, typo
 
     out = move(cluster, "ctr", "--to", "sim-2")
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
