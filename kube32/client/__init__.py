@@ -13,7 +13,8 @@ validation, status rules and watch as kubectl's), with:
 * :class:`EventRecorder`: Kubernetes Events with counts.
 """
 from .kinds import (CHECKPOINTS, CONFIGMAPS, DAEMONSETS, DEPLOYMENTS, ENDPOINTS, ENDPOINTSLICES,
-                    EVENTS, LEASES, NAMESPACES, NODES, PDBS, PODS, REPLICASETS, SECRETS, SERVICES, Kind)
+                    EVENTS, LEASES, NAMESPACES, NODES, PDBS, PODS, REPLICASETS, ROLEBINDINGS, ROLES, SECRETS,
+                    SERVICEACCOUNTS, SERVICES, Kind)
 from .rest import ApiError, Client
 from .informer import Informer, MutationCache
 from .workqueue import WorkQueue
@@ -21,4 +22,5 @@ from .events import EventRecorder
 
 __all__ = ["Kind", "Client", "ApiError", "Informer", "MutationCache", "WorkQueue", "EventRecorder",
            "CHECKPOINTS", "CONFIGMAPS", "DAEMONSETS", "DEPLOYMENTS", "ENDPOINTS", "ENDPOINTSLICES",
-           "EVENTS", "LEASES", "NAMESPACES", "NODES", "PDBS", "PODS", "REPLICASETS", "SECRETS", "SERVICES"]
+           "EVENTS", "LEASES", "NAMESPACES", "NODES", "PDBS", "PODS", "REPLICASETS", "ROLEBINDINGS", "ROLES",
+           "SECRETS", "SERVICEACCOUNTS", "SERVICES"]

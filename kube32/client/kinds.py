@@ -44,9 +44,18 @@ DAEMONSETS = Kind("apps", "v1", "daemonsets", "DaemonSet", True)
 PDBS = Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 ENDPOINTSLICES = Kind("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True)
 CHECKPOINTS = Kind("kube32.io", "v1", "checkpoints", "Checkpoint", True)
+SERVICEACCOUNTS = Kind("", "v1", "serviceaccounts", "ServiceAccount", True)
+ROLES = Kind("rbac.authorization.k8s.io", "v1", "roles", "Role", True)
+ROLEBINDINGS = Kind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True)
+CLUSTERROLES = Kind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False)
+CLUSTERROLEBINDINGS = Kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False)
 
+# Every kind the API server stores (the namespace controller empties a namespace of each
+# namespaced one: a kind missing here would outlive its namespace and come back with a
+# namespace of the same name - tests/unit/test_kinds.py keeps the two lists equal).
 ALL = (NAMESPACES, NODES, PODS, SERVICES, ENDPOINTS, EVENTS, CONFIGMAPS, SECRETS, LEASES,
-       DEPLOYMENTS, REPLICASETS, DAEMONSETS, PDBS, ENDPOINTSLICES, CHECKPOINTS)
+       DEPLOYMENTS, REPLICASETS, DAEMONSETS, PDBS, ENDPOINTSLICES, CHECKPOINTS, SERVICEACCOUNTS,
+       ROLES, ROLEBINDINGS, CLUSTERROLES, CLUSTERROLEBINDINGS)
 
 
 def by_api_kind(api_version: str, kind: str) -> Kind | None:

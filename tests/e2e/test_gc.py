@@ -122,6 +122,25 @@ def test_namespace_deletion_empties_and_removes_it(cluster) -> None:
     assert "scratch" not in cp.kubectl("get", "namespaces").stdout
 
 
+def test_a_deleted_namespace_takes_its_accounts_and_rbac_with_it(cluster) -> None:
+    """A namespace created again under the same name starts empty: no ServiceAccount, Role
+    or RoleBinding of the old one comes back, and the old account's token is dead."""
+    cp, _ = cluster
+    cp.kubectl("create", "namespace", "again")
+    cp.kubectl("create", "serviceaccount", "bot", "-n", "again")
+    cp.kubectl("create", "role", "reader", "--verb=get,list", "--resource=pods", "-n", "again")
+    cp.kubectl("create", "rolebinding", "bot-reads", "--role=reader", "--serviceaccount=again:bot", "-n", "again")
+    token = cp.kubectl("create", "token", "bot", "-n", "again").stdout.strip()
+    assert cp.kubectl("--token", token, "get", "pods", "-n", "again").returncode == 0
+    cp.kubectl("delete", "namespace", "again", timeout=60)
+    cp.kubectl("create", "namespace", "again")
+    left = cp.kubectl("get", "serviceaccounts,roles,rolebindings", "-n", "again", "-o", "name").stdout
+    assert "bot" not in left and "reader" not in left, left
+    refused = cp.kubectl("--token", token, "get", "pods", "-n", "again", check=False)
+    assert refused.returncode == 1 and "Unauthorized" in refused.stderr, refused.stderr
+    cp.kubectl("delete", "namespace", "again", timeout=60)
+
+
 def test_the_system_namespaces_may_not_be_deleted(cluster) -> None:
     """As Kubernetes' NamespaceLifecycle: deleting "default" would take every pod with it."""
     cp, _ = cluster
