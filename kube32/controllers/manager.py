@@ -22,8 +22,10 @@ from .namespace import NamespaceController  # noqa: E402
 from .nodelifecycle import NodeLifecycle  # noqa: E402
 from .podgc import PodGC  # noqa: E402
 from .scheduler import Scheduler  # noqa: E402
+from .serviceaccount import ServiceAccountsController  # noqa: E402
 
-CONTROLLERS += [Scheduler, NodeLifecycle, PodGC, GarbageCollector, NamespaceController, DisruptionController]
+CONTROLLERS += [Scheduler, NodeLifecycle, PodGC, GarbageCollector, NamespaceController, DisruptionController,
+                ServiceAccountsController]
 
 from .replicaset import ReplicaSetController  # noqa: E402 - registered right after the list
 from .deployment import DeploymentController  # noqa: E402

@@ -141,6 +141,21 @@ def test_a_deleted_namespace_takes_its_accounts_and_rbac_with_it(cluster) -> Non
     cp.kubectl("delete", "namespace", "again", timeout=60)
 
 
+def test_every_namespace_has_a_default_service_account(cluster) -> None:
+    """As Kubernetes: created with the namespace, back when deleted; kubectl create token
+    default works in a new namespace."""
+    cp, _ = cluster
+    core = k8s.CoreV1Api(cp.client())
+    cp.kubectl("create", "namespace", "accounts")
+    wait_for(lambda: exists(core.read_namespaced_service_account, "default", "accounts"), 10,
+             what="the default ServiceAccount")
+    assert cp.kubectl("create", "token", "default", "-n", "accounts").stdout.startswith("k32sa.")
+    cp.kubectl("delete", "serviceaccount", "default", "-n", "accounts")
+    wait_for(lambda: exists(core.read_namespaced_service_account, "default", "accounts"), 10,
+             what="the default ServiceAccount back")
+    cp.kubectl("delete", "namespace", "accounts", timeout=60)
+
+
 def test_the_system_namespaces_may_not_be_deleted(cluster) -> None:
     """As Kubernetes' NamespaceLifecycle: deleting "default" would take every pod with it."""
     cp, _ = cluster
