@@ -157,7 +157,7 @@ class EvictionHandler:
             pod = await self.registry.get(t.res, t.namespace, t.name)
             await self.check_budgets(pod)
             move = await self.carry_out(pod, options, dry_run)
-        if move is not None:
+        if move is not None and not dry_run:
             await self._until_replaced(pod, move)
         return _success()
 
@@ -237,8 +237,7 @@ class EvictionHandler:
               "metadata": {"name": f"{name[:40]}-evict-{secrets.token_hex(3)}", "namespace": ns,
                            "labels": {movability.TRIGGER: "eviction"}},
               "spec": {"podName": name, "action": "Move"}}
-        created = await self.registry.create(checkpoints, ns, ck, dry_run=dry_run)
-        return None if dry_run else created
+        return await self.registry.create(checkpoints, ns, ck, dry_run=dry_run)
 
     async def _until_replaced(self, pod: Obj, move: Obj) -> None:
         """Until ``pod`` has a replacement (or is gone) or ``move`` ended, at most
