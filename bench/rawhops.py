@@ -139,6 +139,13 @@ def transfer_seconds(size: int, hops: int) -> float:
     else:
         procs.append(ctx.Process(target=_relay, args=(first, None, size, out)))
     procs.append(ctx.Process(target=_source, args=(first.getsockname()[1], size, out)))
+    return timed_run(procs, out, [first, last])
+
+
+def timed_run(procs: list[Any], out: Any, listeners: list[socket.socket | None]) -> float:
+    """Start the role processes, and give the seconds from the "start" one reports to the
+    "end" another does; then every process is joined (killed if it hangs) and every
+    listener closed."""
     for p in procs:
         p.start()
     try:
@@ -148,7 +155,7 @@ def transfer_seconds(size: int, hops: int) -> float:
             p.join(30)
             if p.is_alive():
                 p.kill()
-        first.close()
-        if last is not None:
-            last.close()
+        for listener in listeners:
+            if listener is not None:
+                listener.close()
     return got["end"] - got["start"]

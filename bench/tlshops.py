@@ -35,7 +35,7 @@ from typing import Any
 
 from kube32.apiserver import pki
 
-from .rawhops import CHUNK, Progress, hash_behind, receive_following
+from .rawhops import CHUNK, Progress, hash_behind, receive_following, timed_run
 
 def _fresh(size: int) -> memoryview:
     return memoryview(mmap.mmap(-1, size))
@@ -135,19 +135,7 @@ def _run(size: int, hops: int) -> float:
         else:
             procs.append(ctx.Process(target=_sink, args=(d, first, size, True, out)))
         procs.append(ctx.Process(target=_source, args=(d, first.getsockname()[1], size, hops == 1, out)))
-        for p in procs:
-            p.start()
-        try:
-            got = dict(out.get(timeout=120) for _ in range(2))
-        finally:
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
-            first.close()
-            if last is not None:
-                last.close()
-    return got["end"] - got["start"]
+        return timed_run(procs, out, [first, last])
 
 
 def move_floor_seconds(size: int) -> float:
