@@ -112,7 +112,7 @@ def test_apply_updates_with_strategic_merge_and_conflicts(control_plane: Control
     assert any(m["manager"] == "kubectl" and m["operation"] == "Apply" for m in dep["metadata"]["managedFields"])
 
 
-def test_bad_input_is_refused_by_name_and_nothing_is_stored(control_plane: ControlPlane) -> None:
+def test_bad_input_is_refused_by_name_and_nothing_is_stored(control_plane: ControlPlane, tmp_path) -> None:
     cp = control_plane
     unknown = cp.kubectl("apply", "-f", "-", input=POD.replace("image:", "foo: 1\n    image:"), check=False)
     assert 'strict decoding error: unknown field "spec.containers[0].foo"' in unknown.stderr
@@ -124,6 +124,13 @@ def test_bad_input_is_refused_by_name_and_nothing_is_stored(control_plane: Contr
                      input="{not json", check=False)
     assert raw.returncode == 1 and "not valid JSON" in raw.stderr
     assert "No resources found" in cp.kubectl("get", "pods").stderr
+    big = tmp_path / "k"
+    big.write_text("x" * ((1 << 20) + 1))
+    too_big = cp.kubectl("create", "configmap", "big", f"--from-file={big}", check=False)
+    assert 'ConfigMap "big" is invalid: Too long: must have at most 1048576 bytes' in too_big.stderr
+    too_big = cp.kubectl("create", "secret", "generic", "big", f"--from-file={big}", check=False)
+    assert 'Secret "big" is invalid: data: Too long: must have at most 1048576 bytes' in too_big.stderr
+    assert "big" not in cp.kubectl("get", "configmaps,secrets", "-o", "name").stdout
     assert cp.kubectl("get", "--raw", "/healthz").stdout == "ok"
 
 

@@ -1,10 +1,25 @@
-"""Kinds with no special rules beyond their columns: ConfigMaps, Secrets, Leases, Events."""
+"""Kinds with few rules beyond their columns: ConfigMaps and Secrets (string, or base64,
+values; at most 1 MiB of data each, as Kubernetes - a control plane on a board has far
+less), Leases, Events."""
 from __future__ import annotations
 
 from typing import Any
 
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
+
+
+MAX_DATA_BYTES = 1 << 20  # a ConfigMap's or Secret's data, as Kubernetes (core.MaxSecretSize)
+TOO_LONG = f"Too long: must have at most {MAX_DATA_BYTES} bytes"
+
+
+def _decoded_len(value: Any) -> int:
+    import base64
+    import binascii
+    try:
+        return len(base64.b64decode(value, validate=True))
+    except (binascii.Error, TypeError, ValueError):
+        return 0  # refused by its own check
 
 
 class ConfigMapStrategy(Strategy):
@@ -22,6 +37,11 @@ class ConfigMapStrategy(Strategy):
             for k, v in (val or {}).items() if isinstance(val, dict) else ():
                 if not isinstance(v, str):
                     errs.append((f"{field}[{k}]", "Invalid value: must be a string"))
+        if not errs:
+            total = sum(len(k) + len(v.encode()) for k, v in (obj.get("data") or {}).items()) + \
+                sum(len(k) + _decoded_len(v) for k, v in (obj.get("binaryData") or {}).items())
+            if total > MAX_DATA_BYTES:
+                errs.append(("", TOO_LONG))
         return errs
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
@@ -54,6 +74,8 @@ class SecretStrategy(Strategy):
                 base64.b64decode(v, validate=True)
             except (binascii.Error, TypeError, ValueError):
                 errs.append((f"data[{k}]", "Invalid value: must be base64-encoded"))
+        if sum(_decoded_len(v) for v in (obj.get("data") or {}).values()) > MAX_DATA_BYTES:
+            errs.append(("data", TOO_LONG))
         return errs
 
     def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
