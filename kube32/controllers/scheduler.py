@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 import time
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Iterable
 
 from ..client import NODES, PODS, ApiError
+from ..quantity import parse_quantity
 from .base import Controller
 
 log = logging.getLogger("kube32.scheduler")
@@ -56,36 +56,7 @@ EXTENDED_PREFIXES = ("hardware.kube32.io/", "esp32.io/")
 SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
 REPORT_AGAIN_SECONDS = 60.0              # a FailedScheduling with the same message, at most this often
 
-# --- quantities ----------------------------------------------------------------
-
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:(Ki|Mi|Gi|Ti|Pi|Ei)|([eE][+-]?\d+)|(n|u|m|k|M|G|T|P|E))?$")
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": 10**3,
-            "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-
-
-def parse_quantity(value: Any) -> Fraction:
-    """A Kubernetes quantity ("64Ki", "1.5Mi", "100m", "1e3", 3) as an exact number.
-
-    Raises ValueError naming the value when it is not a quantity."""
-    if isinstance(value, bool):
-        raise ValueError(f"quantity {value!r} is not a number")
-    if isinstance(value, (int, float)):
-        return Fraction(value)
-    m = _QUANTITY.match(str(value).strip())
-    if not m:
-        raise ValueError(f"quantities must match the regular expression "
-                         f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {value!r}")
-    number, binary, exponent, decimal = m.groups()
-    n = Fraction(number)
-    if binary:
-        return n * _BINARY[binary]
-    if exponent:
-        return n * Fraction(10) ** int(exponent[1:])
-    if decimal:
-        return n * _DECIMAL[decimal]
-    return n
-
+# --- quantities (kube32.quantity) -----------------------------------------------
 
 def _quantity_or_zero(value: Any) -> Fraction:
     try:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..client import CONFIGMAPS, SECRETS, ApiError, Client
 from ..wasm import PodConfig
-from .quantity import parse_bytes, parse_duration_ms
+from ..quantity import parse_bytes, parse_duration_ms
 
 TOPICS_ANNOTATION = "kube32.io/events"
 TICK_ANNOTATION = "kube32.io/tick-interval"

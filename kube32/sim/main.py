@@ -11,7 +11,7 @@ from pathlib import Path
 from ..apiserver.auth import TokenFileError
 from ..controllers.base import ControllerOptions
 from ..apiserver.checkpointdata import BOARD_CAPACITY, SIM_CAPACITY
-from ..kubelet.quantity import parse_bytes
+from ..quantity import parse_bytes
 from .controlplane import ControlPlaneOptions, run_control_plane
 from .worker import add_node_flags, kubelet_options, run_worker
 

@@ -17,7 +17,7 @@ from ..client import Client
 from ..kubelet import Kubelet, KubeletOptions
 from ..kubelet.drain import drain_self
 from ..kubelet.migration import FAULTS
-from ..kubelet.quantity import parse_bytes
+from ..quantity import parse_bytes
 from .profiles import profile
 
 

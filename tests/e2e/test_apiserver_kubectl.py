@@ -123,6 +123,20 @@ def test_bad_input_is_refused_by_name_and_nothing_is_stored(control_plane: Contr
     raw = cp.kubectl("create", "--raw", "/api/v1/namespaces/default/pods", "-f", "-",
                      input="{not json", check=False)
     assert raw.returncode == 1 and "not valid JSON" in raw.stderr
+    for extra, said in (
+            ("    resources: {limits: {memory: 64Kx}}\n",
+             'spec.containers[0].resources.limits[memory]: Invalid value: "64Kx": quantities must match the '
+             "regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"),
+            ("    resources: {limits: {memory: 64Ki}, requests: {memory: 1Mi}}\n",
+             'spec.containers[0].resources.requests: Invalid value: "1Mi": must be less than or equal to memory '
+             "limit of 64Ki"),
+            ("    env: [{name: A=B, value: x}]\n",
+             'spec.containers[0].env[0].name: Invalid value: "A=B": a valid environment variable name must '
+             "consist only of printable ASCII characters other than '='"),
+            ("  terminationGracePeriodSeconds: -5\n",
+             "spec.terminationGracePeriodSeconds: Invalid value: -5: must be greater than or equal to 0")):
+        refused = cp.kubectl("apply", "-f", "-", input=POD + extra, check=False)
+        assert refused.returncode == 1 and said in refused.stderr, refused.stderr
     assert "No resources found" in cp.kubectl("get", "pods").stderr
     big = tmp_path / "k"
     big.write_text("x" * ((1 << 20) + 1))

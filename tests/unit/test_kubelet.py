@@ -15,7 +15,7 @@ from kube32.client import NODES, PODS, Client
 from kube32.kubelet import Kubelet, KubeletOptions
 from kube32.kubelet.logs import LogBuffer, format_line
 from kube32.kubelet.podspec import ConfigError, pod_config
-from kube32.kubelet.quantity import format_bytes, parse_bytes, parse_duration_ms
+from kube32.quantity import format_bytes, parse_bytes, parse_duration_ms
 from kube32.sim.controlplane import ControlPlane, ControlPlaneOptions
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,9 +1,11 @@
 """Pods: defaults, spec immutability, status phase, and kubectl's pod columns."""
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 from ... import movability
+from ...quantity import QUANTITY_RULE, parse_quantity
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
 
@@ -52,6 +54,45 @@ def default_pod_spec(spec: dict[str, Any]) -> None:
             c.setdefault("resources", {})
 
 
+ENV_NAME_MSG = "a valid environment variable name must consist only of printable ASCII characters other than '='"
+
+
+def _env_name_ok(name: Any) -> bool:
+    return isinstance(name, str) and all(" " <= ch <= "~" and ch != "=" for ch in name)
+
+
+def _resource_errors(resources: Any, field: str) -> list[tuple[str, str]]:
+    """Limits and requests are quantities, not below zero, and no request above its limit
+    (as Kubernetes, before anything reaches a node)."""
+    if resources is None:
+        return []
+    if not isinstance(resources, dict):
+        return [(field, "Invalid value: must be an object")]
+    errs: list[tuple[str, str]] = []
+    parsed: dict[str, dict[str, Fraction]] = {}
+    for kind in ("limits", "requests"):
+        values = resources.get(kind) or {}
+        if not isinstance(values, dict):
+            errs.append((f"{field}.{kind}", "Invalid value: must be a map of quantities"))
+            continue
+        for name, raw in values.items():
+            try:
+                q = parse_quantity(raw)
+            except ValueError:
+                errs.append((f"{field}.{kind}[{name}]", f'Invalid value: "{raw}": {QUANTITY_RULE}'))
+                continue
+            if q < 0:
+                errs.append((f"{field}.{kind}[{name}]", f'Invalid value: "{raw}": must be greater than or equal to 0'))
+                continue
+            parsed.setdefault(kind, {})[name] = q
+    for name, request in (parsed.get("requests") or {}).items():
+        limit = (parsed.get("limits") or {}).get(name)
+        if limit is not None and request > limit:
+            errs.append((f"{field}.requests", f'Invalid value: "{resources["requests"][name]}": must be less '
+                         f'than or equal to {name} limit of {resources["limits"][name]}'))
+    return errs
+
+
 def validate_pod_spec(spec: Any, prefix: str) -> list[tuple[str, str]]:
     if not isinstance(spec, dict):
         return [(prefix, "Required value")]
@@ -79,6 +120,13 @@ def validate_pod_spec(spec: Any, prefix: str) -> list[tuple[str, str]]:
         for j, e in enumerate(c.get("env") or []):
             if not isinstance(e, dict) or not e.get("name"):
                 errs.append((f"{field}.env[{j}].name", "Required value"))
+            elif not _env_name_ok(e["name"]):
+                errs.append((f"{field}.env[{j}].name", f'Invalid value: "{e["name"]}": {ENV_NAME_MSG}'))
+        errs += _resource_errors(c.get("resources"), f"{field}.resources")
+    grace = spec.get("terminationGracePeriodSeconds")
+    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int) or grace < 0):
+        errs.append((f"{prefix}.terminationGracePeriodSeconds",
+                     f"Invalid value: {grace}: must be greater than or equal to 0"))
     policy = spec.get("restartPolicy", "Always")
     if policy not in ("Always", "OnFailure", "Never"):
         errs.append((f"{prefix}.restartPolicy", f'Unsupported value: "{policy}": supported values: '
