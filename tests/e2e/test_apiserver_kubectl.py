@@ -164,6 +164,19 @@ def test_a_pod_with_several_containers_is_taken_with_a_warning(control_plane: Co
     cp.kubectl("delete", "deployment", "pair")
 
 
+def test_service_types_show_as_kubernetes_shows_them(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    cp.kubectl("create", "service", "externalname", "ext", "--external-name=example.com")
+    cp.kubectl("create", "service", "loadbalancer", "lb", "--tcp=80:80")
+    rows = {line.split()[0]: line.split() for line in cp.kubectl("get", "svc", "ext", "lb").stdout.splitlines()[1:]}
+    assert rows["ext"][1:4] == ["ExternalName", "<none>", "example.com"], rows
+    assert rows["lb"][1] == "LoadBalancer" and rows["lb"][3] == "<pending>", rows
+    no_name = cp.kubectl("create", "-f", "-", check=False, input=json.dumps(
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "noname"}, "spec": {"type": "ExternalName"}}))
+    assert 'The Service "noname" is invalid: spec.externalName: Required value' in no_name.stderr, no_name.stderr
+    cp.kubectl("delete", "service", "ext", "lb")
+
+
 def test_get_watch_sees_a_change(control_plane: ControlPlane) -> None:
     cp = control_plane
     apply(cp, POD)

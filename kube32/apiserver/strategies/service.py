@@ -29,7 +29,7 @@ class ServiceStrategy(Strategy):
         spec = obj.setdefault("spec", {})
         spec.setdefault("type", "ClusterIP")
         spec.setdefault("sessionAffinity", "None")
-        if spec.get("clusterIP") != "None" and not spec.get("clusterIP"):
+        if spec["type"] != "ExternalName" and spec.get("clusterIP") != "None" and not spec.get("clusterIP"):
             # A stable nominal address from the name: the sim routes by the API proxy.
             h = hashlib.sha256(f"{meta.namespace_of(obj)}/{meta.name_of(obj)}".encode()).digest()
             spec["clusterIP"] = f"10.96.{h[0]}.{max(h[1], 1)}"
@@ -59,6 +59,11 @@ class ServiceStrategy(Strategy):
                 errs.append((f"spec.ports[{i}].port", f"Invalid value: {port}: must be between 1 and 65535, inclusive"))
         if spec.get("type") not in ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"):
             errs.append(("spec.type", f'Unsupported value: "{spec.get("type")}"'))
+        if spec.get("type") == "ExternalName":  # a DNS name, no address of its own
+            if not spec.get("externalName"):
+                errs.append(("spec.externalName", "Required value"))
+            if spec.get("clusterIP") or spec.get("clusterIPs"):
+                errs.append(("spec.clusterIPs", "Forbidden: may not be set for ExternalName services"))
         return errs
 
     def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
@@ -68,8 +73,13 @@ class ServiceStrategy(Strategy):
     def row(self, obj: dict[str, Any]) -> list[Any]:
         spec = obj.get("spec") or {}
         sel = ",".join(f"{k}={v}" for k, v in (spec.get("selector") or {}).items()) or "<none>"
-        ext = ",".join(spec.get("externalIPs") or []) or "<none>"
-        return [meta.name_of(obj), spec.get("type", "ClusterIP"), spec.get("clusterIP", "<none>"),
+        kind = spec.get("type", "ClusterIP")
+        ingress = [i.get("ip") or i.get("hostname") or "" for i in
+                   ((obj.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []]
+        ext = (spec.get("externalName") if kind == "ExternalName" else
+               ",".join(ingress + list(spec.get("externalIPs") or [])) or ("<pending>" if kind == "LoadBalancer"
+                                                                           else "<none>"))
+        return [meta.name_of(obj), kind, spec.get("clusterIP") or "<none>",
                 ext, _ports_text(obj), meta.age(obj), sel]
 
 
