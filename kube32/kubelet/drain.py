@@ -28,21 +28,20 @@ def _daemon_pod(pod: dict[str, Any]) -> bool:
     return any(r.get("kind") == "DaemonSet" for r in (pod["metadata"].get("ownerReferences") or []))
 
 
-async def _evict(kl: "Kubelet", uid: str, pod: dict, pending: dict[str, dict]) -> None:
-    """Evict one pod; it leaves ``pending`` unless a budget refused (429: tried again)."""
+async def _evicted(kl: "Kubelet", uid: str, pod: dict) -> bool:
+    """Evict one pod; False when a budget refused (429: to be asked again)."""
     md = pod["metadata"]
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": md["name"], "namespace": md["namespace"]},
                 "deleteOptions": {"preconditions": {"uid": uid}}}
     try:
         await kl.client.post_subresource(PODS, md["name"], "eviction", eviction, md["namespace"])
-        pending.pop(uid, None)
     except ApiError as e:
-        if e.code in (404, 409):
-            pending.pop(uid, None)  # gone or replaced already
-        elif e.code != 429:
+        if e.code == 429:
+            return False
+        if e.code not in (404, 409):  # 404/409: gone or replaced already
             log.warning("cannot evict %s/%s: %s", md["namespace"], md["name"], e)
-            pending.pop(uid, None)
+    return True
 
 
 async def drain_self(kl: "Kubelet", timeout: float = DRAIN_SECONDS) -> list[str]:
@@ -56,11 +55,12 @@ async def drain_self(kl: "Kubelet", timeout: float = DRAIN_SECONDS) -> list[str]
         log.warning("cannot cordon %s: %s", name, e)
     leaving = {p["metadata"]["uid"]: p for p in kl.informer.list()
                if not _daemon_pod(p) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
-    pending = dict(leaving)
+    pending = leaving
     while pending and time.monotonic() < deadline:
         # All at once: the answer to an eviction that moves a pod waits for its replacement
         # (up to 5 s), and one pod that cannot move must not hold up the others.
-        await asyncio.gather(*(_evict(kl, uid, pod, pending) for uid, pod in list(pending.items())))
+        done = await asyncio.gather(*(_evicted(kl, uid, pod) for uid, pod in pending.items()))
+        pending = {uid: pod for (uid, pod), gone in zip(pending.items(), done) if not gone}
         if pending:
             await asyncio.sleep(1.0)
     while time.monotonic() < deadline:

@@ -18,6 +18,18 @@ def _ports_text(svc: dict[str, Any]) -> str:
     return ",".join(out) or "<none>"
 
 
+def _external_ip(svc: dict[str, Any]) -> str:
+    """kubectl's EXTERNAL-IP: an ExternalName's name; else the load balancer's ingress and
+    the external IPs, or <pending> for a LoadBalancer that has none yet."""
+    spec = svc.get("spec") or {}
+    kind = spec.get("type", "ClusterIP")
+    if kind == "ExternalName":
+        return spec.get("externalName") or "<none>"
+    ingress = ((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    shown = [i.get("ip") or i.get("hostname") or "" for i in ingress] + list(spec.get("externalIPs") or [])
+    return ",".join(shown) or ("<pending>" if kind == "LoadBalancer" else "<none>")
+
+
 class ServiceStrategy(Strategy):
     kind = "Service"
     name_rule = "label"
@@ -73,14 +85,8 @@ class ServiceStrategy(Strategy):
     def row(self, obj: dict[str, Any]) -> list[Any]:
         spec = obj.get("spec") or {}
         sel = ",".join(f"{k}={v}" for k, v in (spec.get("selector") or {}).items()) or "<none>"
-        kind = spec.get("type", "ClusterIP")
-        ingress = [i.get("ip") or i.get("hostname") or "" for i in
-                   ((obj.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []]
-        ext = (spec.get("externalName") if kind == "ExternalName" else
-               ",".join(ingress + list(spec.get("externalIPs") or [])) or ("<pending>" if kind == "LoadBalancer"
-                                                                           else "<none>"))
-        return [meta.name_of(obj), kind, spec.get("clusterIP") or "<none>",
-                ext, _ports_text(obj), meta.age(obj), sel]
+        return [meta.name_of(obj), spec.get("type", "ClusterIP"), spec.get("clusterIP") or "<none>",
+                _external_ip(obj), _ports_text(obj), meta.age(obj), sel]
 
 
 class EndpointsStrategy(Strategy):

@@ -3,6 +3,8 @@ values; at most 1 MiB of data each, as Kubernetes - a control plane on a board h
 less), Leases, Events."""
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 from .. import meta
@@ -13,13 +15,12 @@ MAX_DATA_BYTES = 1 << 20  # a ConfigMap's or Secret's data, as Kubernetes (core.
 TOO_LONG = f"Too long: must have at most {MAX_DATA_BYTES} bytes"
 
 
-def _decoded_len(value: Any) -> int:
-    import base64
-    import binascii
+def _decoded(value: Any) -> bytes | None:
+    """A base64 value's bytes, or None when it is not base64."""
     try:
-        return len(base64.b64decode(value, validate=True))
+        return base64.b64decode(value, validate=True)
     except (binascii.Error, TypeError, ValueError):
-        return 0  # refused by its own check
+        return None
 
 
 class ConfigMapStrategy(Strategy):
@@ -39,7 +40,7 @@ class ConfigMapStrategy(Strategy):
                     errs.append((f"{field}[{k}]", "Invalid value: must be a string"))
         if not errs:
             total = sum(len(k) + len(v.encode()) for k, v in (obj.get("data") or {}).items()) + \
-                sum(len(k) + _decoded_len(v) for k, v in (obj.get("binaryData") or {}).items())
+                sum(len(k) + len(_decoded(v) or b"") for k, v in (obj.get("binaryData") or {}).items())
             if total > MAX_DATA_BYTES:
                 errs.append(("", TOO_LONG))
         return errs
@@ -57,7 +58,6 @@ class SecretStrategy(Strategy):
     selectable_fields = {"metadata.name", "metadata.namespace", "type"}
 
     def default(self, obj: dict[str, Any]) -> None:
-        import base64
         string_data = obj.pop("stringData", None)
         if isinstance(string_data, dict):
             data = obj.setdefault("data", {})
@@ -66,15 +66,15 @@ class SecretStrategy(Strategy):
         obj.setdefault("type", "Opaque")
 
     def validate(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
-        import base64
-        import binascii
         errs = []
+        total = 0
         for k, v in (obj.get("data") or {}).items():
-            try:
-                base64.b64decode(v, validate=True)
-            except (binascii.Error, TypeError, ValueError):
+            value = _decoded(v)  # each value decoded once: checked and counted
+            if value is None:
                 errs.append((f"data[{k}]", "Invalid value: must be base64-encoded"))
-        if sum(_decoded_len(v) for v in (obj.get("data") or {}).values()) > MAX_DATA_BYTES:
+            else:
+                total += len(value)
+        if total > MAX_DATA_BYTES:
             errs.append(("data", TOO_LONG))
         return errs
 
