@@ -34,6 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .. import serving
 from ..aio import wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
 from ..wasm import ChannelRegistry, Module, Pod, PodConfig, Runtime
@@ -129,7 +130,7 @@ class Kubelet:
                 ssl_ctx = server_ssl(node_join.server_context(
                     creds, o.data_dir if o.data_dir and o.data_dir.is_dir() else None), creds.ca)
         self.scheme = "https" if ssl_ctx is not None else "http"
-        self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None)
+        self._runner = serving.GuardedRunner(build_app(self), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, o.host, o.port, reuse_address=True, ssl_context=ssl_ctx)
         await site.start()

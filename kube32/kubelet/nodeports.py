@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
+from .. import serving
 from ..client import SERVICES, Informer
 
 if TYPE_CHECKING:
@@ -70,9 +71,9 @@ class NodePorts:
                     await self._listen(port, target)
 
     async def _listen(self, port: int, target: tuple[str, str, int]) -> None:
-        app = web.Application(client_max_size=16 << 20)
+        app = web.Application(middlewares=[serving.track_requests], client_max_size=16 << 20)
         app.router.add_route("*", "/{path:.*}", self._forwarder(target))
-        runner = web.AppRunner(app, access_log=None)
+        runner = serving.GuardedRunner(app, access_log=None)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.kl.ip, port, reuse_address=True).start()
