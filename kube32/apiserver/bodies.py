@@ -13,21 +13,24 @@ Bounds (:mod:`.limits`), each refused with a status that says which:
 * time: a body that has not arrived whole ``BODY_TIMEOUT`` seconds after its request
   began is a 408 (a stalled one is cut sooner: :mod:`kube32.serving`);
 * depth: nesting deeper than ``MAX_DEPTH`` is a 400, found before anything recurses
-  (JSON: a scan of the raw bytes; YAML: :mod:`.yamlbody` builds without recursion;
-  protobuf: its schema's depth bound);
+  (JSON: :mod:`.jsonshape` measures the raw bytes; YAML: :mod:`.yamlbody` builds
+  without recursion; protobuf: its schema's depth bound);
+* values: more than ``MAX_VALUES`` is a 413, measured the same ways;
 * expansion: YAML aliases and merge keys that would expand past ``MAX_DECODED`` bytes
   are a 413 (:mod:`.yamlbody`);
 * values with no JSON form (NaN, Infinity) are a 400.
 
 Decoding a large body runs on a worker thread (two at most), so the event loop that
-answers health checks and Lease renewals keeps running while it works.
+answers health checks and Lease renewals keeps running while it works; and requests
+with large bodies are handled one at a time (:class:`HeavyBodies`, as kube-apiserver's
+priority and fairness queues heavy writes apart from Leases and health checks), so
+many of them at once cannot add up to a stall: the others wait their turn without
+holding the loop.
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
-import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,15 +38,40 @@ import yaml
 from aiohttp import web
 
 from ..serving import BODY_TIMEOUT
-from . import errors, protobuf, yamlbody
-from .limits import MAX_BODY, MAX_DECODED, MAX_DEPTH
+from . import errors, jsonshape, protobuf, yamlbody
+from .limits import MAX_BODY, MAX_DECODED, MAX_DEPTH, MAX_VALUES
 from .resources import Resource
 
-__all__ = ["MAX_BODY", "read_raw", "read_body", "decode", "decode_async", "media_type", "check_fields",
-           "json_depth"]
+__all__ = ["MAX_BODY", "HeavyBodies", "read_raw", "read_body", "decode", "decode_async", "media_type",
+           "check_fields"]
 
 INLINE_DECODE = 16 << 10  # bytes: a larger body is decoded on a worker thread
+HEAVY_BODY = 64 << 10     # bytes: a larger body makes its request wait its turn (HeavyBodies)
 _DECODERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kube32-decode")
+
+
+class HeavyBodies:
+    """Requests whose decoded body is larger than ``HEAVY_BODY`` are handled ``at_once``
+    at a time, from their decoding to their response; :func:`read_body` takes the turn
+    and :meth:`middleware` gives it back when the request ends."""
+
+    KEY = web.AppKey("kube32-heavy-bodies", object)
+
+    def __init__(self, at_once: int = 1) -> None:
+        self._turns = asyncio.Semaphore(at_once)
+
+    async def wait_turn(self, request: web.Request) -> None:
+        if request.get("kube32.heavy") is not self:
+            await self._turns.acquire()
+            request["kube32.heavy"] = self
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        finally:
+            if request.get("kube32.heavy") is self:
+                self._turns.release()
 
 
 class _DuplicateKey(ValueError):
@@ -88,6 +116,9 @@ def media_type(request: web.Request) -> str:
 async def read_body(request: web.Request, what: str, ctype: str | None = None) -> Any:
     """The request's body, read (bounded) and decoded as ``ctype`` (default: its Content-Type)."""
     raw = await read_raw(request)
+    heavy = request.app.get(HeavyBodies.KEY)
+    if len(raw) > HEAVY_BODY and isinstance(heavy, HeavyBodies):
+        await heavy.wait_turn(request)
     return await decode_async(raw, ctype or media_type(request), what)
 
 
@@ -102,31 +133,18 @@ def decode_protobuf(raw: bytes, what: str) -> dict[str, Any]:
         raise errors.bad_request(f"{what}: the protobuf body could not be decoded: {e}") from None
 
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
-_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
-_STEP = [0] * 256
-for _b in b"[{":
-    _STEP[_b] = 1
-for _b in b"]}":
-    _STEP[_b] = -1
-
-
-def json_depth(raw: bytes) -> int:
-    """How deep the arrays and objects of JSON text nest, read from the bytes without
-    parsing them (brackets inside strings do not count)."""
-    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
-    return max(itertools.accumulate(_STEP[b] for b in brackets), default=0)
-
-
 def _too_deep(what: str, depth: int) -> errors.APIError:
     return errors.bad_request(f"{what}: the body nests {depth} levels deep, more than the limit of "
                               f"{MAX_DEPTH} levels")
 
 
 def _decode_json(raw: bytes, what: str) -> Any:
-    depth = json_depth(raw)
-    if depth > MAX_DEPTH:
-        raise _too_deep(what, depth)
+    measured = jsonshape.shape(raw)
+    if measured.depth > MAX_DEPTH:
+        raise _too_deep(what, measured.depth)
+    if measured.values > MAX_VALUES:
+        raise errors.too_large(f"{what}: the body holds about {measured.values} values, more than the limit "
+                               f"of {MAX_VALUES}")
     try:
         return json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except _DuplicateKey as e:
@@ -145,7 +163,7 @@ def _decode_yaml(raw: bytes, what: str) -> Any:
         except errors.APIError:
             pass
     try:
-        return yamlbody.load(raw, MAX_DECODED, MAX_DEPTH)
+        return yamlbody.load(raw, MAX_DECODED, MAX_DEPTH, MAX_VALUES)
     except yamlbody.BodyError as e:
         if e.too_large:
             raise errors.too_large(f"{what}: {e}") from None

@@ -16,9 +16,10 @@ Invariants:
   changes only through the status subresource.
 * An object with finalizers is only marked (``deletionTimestamp``) by a delete,
   and goes when the last finalizer is removed.
-* No create, update or patch stores more than ``limits.MAX_OBJECT`` bytes of JSON
-  (413): an object can always be read and sent back whole, and cannot grow without
-  bound patch after patch.  (A delete's mark is never refused.)
+* No create, update or patch stores more than ``limits.MAX_OBJECT`` bytes of JSON or
+  ``limits.MAX_VALUES`` values (413): an object can always be read and sent back
+  whole, and cannot grow without bound patch after patch.  (A delete's mark is never
+  refused.)
 * ``kind`` and ``apiVersion`` of a body may be left out (the URL's are used, as
   Kubernetes defaults them on create and update); given, they must be the URL's
   strings.  An apply patch must give both, as kube-apiserver's field manager demands.
@@ -34,7 +35,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 from ..store import Compacted, Conflict, KeyExists, KeyNotFound, KeyValue, Store
 from . import errors, meta
-from .limits import MAX_OBJECT
+from . import jsonshape
+from .limits import MAX_OBJECT, MAX_VALUES
 from .patch import (ApplyConflict, PatchError, PatchLimit, json_merge_patch, json_patch, server_side_apply,
                     strategic_merge_patch)
 from .resources import Resource, by_plural
@@ -73,6 +75,10 @@ def encode_bounded(res: Resource, obj: Obj) -> bytes:
     if len(data) > MAX_OBJECT:
         raise errors.too_large(f'{res.kind} "{meta.name_of(obj)}" would be {len(data)} bytes stored, more '
                                f"than the limit of {MAX_OBJECT} bytes for an object")
+    values = jsonshape.shape(data).values
+    if values > MAX_VALUES:
+        raise errors.too_large(f'{res.kind} "{meta.name_of(obj)}" would hold about {values} values, more '
+                               f"than the limit of {MAX_VALUES} for an object")
     return data
 
 

@@ -82,9 +82,11 @@ class APIServer:
 
     # --- app ------------------------------------------------------------------
     def _build_app(self) -> web.Application:
-        app = web.Application(middlewares=[serving.track_requests, self._errors_middleware,
+        heavy = bodies.HeavyBodies()
+        app = web.Application(middlewares=[serving.track_requests, heavy.middleware, self._errors_middleware,
                                            self._auth_middleware],
                               client_max_size=bodies.MAX_BODY)
+        app[bodies.HeavyBodies.KEY] = heavy
         r = app.router
         r.add_get("/version", self.version)
         for p in ("/healthz", "/readyz", "/livez"):
@@ -199,7 +201,9 @@ class APIServer:
     async def token_review(self, request: web.Request) -> web.Response:
         """TokenReview: kubelets check who calls their endpoints (webhook authentication)."""
         body = await bodies.read_body(request, "cannot create tokenreviews")
-        token = ((body or {}).get("spec") or {}).get("token", "") if isinstance(body, dict) else ""
+        token = meta.nested(body, "spec", "token") or ""
+        if not isinstance(token, str):
+            raise errors.bad_request("cannot create tokenreviews: spec.token must be a string")
         user = self.auth.authenticate(f"Bearer {token}") if token else None
         if user is not None and not await serviceaccounts.still_valid(self, user):
             user = None
@@ -440,7 +444,7 @@ class APIServer:
         dry_run = dryrun.requested(request, kind="UpdateOptions" if request.method == "PUT" else "PatchOptions")
         if request.method == "PUT":
             body = await bodies.read_body(request, "cannot update scale")
-            replicas = (body.get("spec") or {}).get("replicas") if isinstance(body, dict) else None
+            replicas = meta.nested(body, "spec", "replicas")
         elif request.method == "PATCH":
             ptype = bodies.media_type(request)
             patch = await bodies.read_body(request, "cannot patch scale", "application/json")
@@ -451,7 +455,7 @@ class APIServer:
                            else json_merge_patch(current, patch))
             except PatchError as e:
                 raise patch_refusal(e) from None
-            replicas = (patched.get("spec") or {}).get("replicas") if isinstance(patched, dict) else None
+            replicas = meta.nested(patched, "spec", "replicas")
         else:
             raise errors.method_not_allowed("the server does not allow this method on the requested resource")
         if not isinstance(replicas, int) or replicas < 0:
@@ -467,8 +471,8 @@ class APIServer:
         assert t.name is not None and t.res.plural == "pods"
         dry_run = dryrun.requested(request)
         body = await bodies.read_body(request, "cannot create bindings")
-        node = ((body or {}).get("target") or {}).get("name") if isinstance(body, dict) else None
-        if not node:
+        node = meta.nested(body, "target", "name")
+        if not node or not isinstance(node, str):
             raise errors.invalid("Binding", t.name, [("target.name", "Required value")])
 
         def bind(pod: dict) -> dict:
@@ -499,7 +503,9 @@ class APIServer:
     async def finalize_namespace(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None
         body = await bodies.read_body(request, "cannot finalize namespaces")
-        wanted = ((body or {}).get("spec") or {}).get("finalizers") or []
+        wanted = meta.nested(body, "spec", "finalizers") or []
+        if not isinstance(wanted, list) or not all(isinstance(f, str) for f in wanted):
+            raise errors.bad_request("cannot finalize namespaces: spec.finalizers must be a list of strings")
 
         def finalize(ns: dict) -> dict:
             # An empty list, not a missing key: the namespace defaulting re-adds a missing one.

@@ -11,6 +11,8 @@ stack, so nesting never recurses, and counts as it goes:
   laughs") stop after about ``max_size`` bytes of work, not 9^8 copies.
 * the nesting depth, an alias adding the depth of what it names.  Over ``max_depth``
   raises ``BodyError``.
+* the values (an alias: as many as it names).  Over ``max_values`` raises
+  ``BodyError(too_large=True)``.
 
 The value is a tree of dict/list/str/int/float/bool/None, as JSON decoding gives, with
 no shared parts (each alias is copied) and no cycles (an alias may name only a
@@ -52,6 +54,7 @@ class _Frame:
     value: dict | list
     anchor: str | None
     start_size: int
+    start_values: int
     depth: int = 1            # levels from this node down, itself included
     key: Any = None           # a mapping's key waiting for its value (_NO_KEY: none)
     merges: list[dict] = field(default_factory=list)
@@ -66,22 +69,29 @@ class _Anchored:
     value: Any
     size: int
     depth: int
+    values: int
 
 
 class _Builder:
-    def __init__(self, loader: Any, max_size: int, max_depth: int) -> None:
+    def __init__(self, loader: Any, max_size: int, max_depth: int, max_values: int) -> None:
         self.loader = loader
         self.max_size = max_size
         self.max_depth = max_depth
+        self.max_values = max_values
         self.size = 0
+        self.values = 0
         self.stack: list[_Frame] = []
         self.anchors: dict[str, _Anchored] = {}
         self.result: Any = None
         self.done = False
 
     # --- counting -------------------------------------------------------------
-    def _charge(self, size: int, depth: int) -> None:
+    def _charge(self, size: int, depth: int, values: int = 1) -> None:
         self.size += size
+        self.values += values
+        if self.values > self.max_values:
+            raise BodyError(f"the YAML body holds (its aliases and merge keys counted in full) more than "
+                            f"{self.max_values} values, the limit", too_large=True)
         if self.size > self.max_size:
             raise BodyError(f"the YAML body expands (its aliases and merge keys counted in full) to "
                             f"more than {self.max_size} bytes as JSON, the limit", too_large=True)
@@ -151,9 +161,9 @@ class _Builder:
             raise BodyError(f"{event.value!r} is not a JSON number (JSON has no NaN or infinity)")
         return value
 
-    def _anchor(self, name: str | None, value: Any, size: int, depth: int) -> None:
+    def _anchor(self, name: str | None, value: Any, size: int, depth: int, values: int) -> None:
         if name is not None:
-            self.anchors[name] = _Anchored(value, size, depth)
+            self.anchors[name] = _Anchored(value, size, depth, values)
 
     # --- events ---------------------------------------------------------------
     def feed(self, event: Any) -> None:
@@ -161,14 +171,14 @@ class _Builder:
             value = self._scalar(event)
             size = len(event.value) + 3
             self._charge(size, 0)
-            self._anchor(event.anchor, value, size, 0)
+            self._anchor(event.anchor, value, size, 0, 1)
             self._put(value, 0)
         elif isinstance(event, yaml.AliasEvent):
             anchored = self.anchors.get(event.anchor)
             if anchored is None:
                 raise BodyError(f'the alias *{event.anchor} names no finished anchor '
                                 "(undefined, or its own ancestor)")
-            self._charge(anchored.size, anchored.depth)
+            self._charge(anchored.size, anchored.depth, anchored.values)
             value = anchored.value
             self._put(copy.deepcopy(value) if isinstance(value, (dict, list)) else value, anchored.depth)
         elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
@@ -178,7 +188,7 @@ class _Builder:
             if self.stack and self.stack[-1].key is _NO_KEY and isinstance(self.stack[-1].value, dict):
                 raise BodyError("a mapping key must be a string or another scalar, not a mapping or a sequence")
             self._charge(2, 1)
-            self.stack.append(_Frame({} if is_map else [], event.anchor, self.size,
+            self.stack.append(_Frame({} if is_map else [], event.anchor, self.size, self.values,
                                      key=_NO_KEY if is_map else None))
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
             frame = self.stack.pop()
@@ -189,19 +199,20 @@ class _Builder:
                     merged.update(source)
                 merged.update(value)                    # the mapping's own keys win
                 value = merged
-            self._anchor(frame.anchor, value, self.size - frame.start_size + 2, frame.depth)
+            self._anchor(frame.anchor, value, self.size - frame.start_size + 2, frame.depth,
+                         self.values - frame.start_values + 1)
             self._put(value, frame.depth)
         elif isinstance(event, yaml.DocumentStartEvent) and self.done:
             raise BodyError("expected a single document in the stream, found another")
 
 
-def load(text: bytes | str, max_size: int, max_depth: int) -> Any:
+def load(text: bytes | str, max_size: int, max_depth: int, max_values: int) -> Any:
     """The one YAML document in ``text`` as a JSON value (None for an empty stream).
 
     Raises BodyError (bounds, no JSON form) or yaml.YAMLError (not YAML)."""
     loader = _Loader(text)
     try:
-        builder = _Builder(loader, max_size, max_depth)
+        builder = _Builder(loader, max_size, max_depth, max_values)
         while loader.check_event():
             builder.feed(loader.get_event())
         return builder.result
