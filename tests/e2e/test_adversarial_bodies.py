@@ -384,10 +384,12 @@ def test_apply_without_kind_and_non_string_kinds_are_400(cluster: ControlPlane, 
 
 @pytest.mark.parametrize("memory", ["1e100", "99999999999999Ei", "9223372036854775808"])
 def test_quantities_past_int64_are_refused(cluster: ControlPlane, memory: str) -> None:
-    pod = (f"apiVersion: v1\nkind: Pod\nmetadata: {{name: huge}}\nspec:\n  containers:\n  - name: main\n"
+    name = f"huge-{len(memory)}"
+    pod = (f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: main\n"
            f"    image: example\n    resources: {{requests: {{memory: '{memory}'}}}}\n")
     out = cluster.kubectl("apply", "-f", "-", input=pod, check=False)
     assert out.returncode != 0 and "must be no more than 9223372036854775807" in out.stderr, out.stderr
+    assert cluster.kubectl("get", "pod", name, check=False).returncode != 0, "the pod was stored"
 
 
 def test_kubelet_rejects_a_pod_that_does_not_fit(cluster: ControlPlane) -> None:
