@@ -55,7 +55,7 @@ from ..snapshot import TRAILER_SIZE, SnapshotError, SnapshotReader
 from ..snapshot.parallel import prefault
 from ..snapshot.writer import ASYNC_WRITE
 from . import authz, errors
-from .proxy import kubelet_base
+from .proxy import check_suffix, kubelet_base, kubelet_url
 from .resources import Resource
 
 if TYPE_CHECKING:
@@ -359,6 +359,7 @@ class CheckpointDataAPI:
         if not pod or not container or any("/" in v for v in (node, pod, container)):
             raise errors.bad_request("fromNode needs pod and container (names, without '/')")
         path = f"checkpoint/{t.namespace}/{pod}/{container}"
+        check_suffix(path)   # no dot segments for names: the node's URL names this pod alone
         attrs = authz.request_attributes(request["user"], "POST", f"/api/v1/nodes/{node}/proxy/{path}", {})
         allowed, reason = await self.server.authorizer.authorize(attrs)
         if not allowed:
@@ -367,7 +368,7 @@ class CheckpointDataAPI:
         # sha256=trailer: the kubelet need not hash the whole snapshot before its first byte
         # for an X-Kube32-Snapshot-Sha256 header; the reader below checks the trailer anyway.
         params = {**{k: q[k] for k in ("leave", "timeoutMs") if k in q}, "sha256": "trailer"}
-        url = f"{kubelet_base(await self.server._node(node))}/{path}"
+        url = kubelet_url(kubelet_base(await self.server._node(node)), path.split("/"))
         kubelets = self.server.kubelets
         failed = f"the snapshot transfer from {node} failed"
         try:
