@@ -100,7 +100,9 @@ class NodePorts:
             except urlpath.PathRefused as e:
                 return web.Response(status=400, text=f"{e}\n")
             path = f"/{proxy}/{suffix}" + (f"?{query}" if query else "")
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+            # Impersonate-*: the node's credentials carry the request, never a caller's wish.
+            headers = {k: v for k, v in request.headers.items()
+                       if k.lower() not in HOP and not k.lower().startswith("impersonate-")}
             try:
                 async with self.kl.client.request(request.method, path, encoded=True,
                                                   data=await request.read(), headers=headers) as up:

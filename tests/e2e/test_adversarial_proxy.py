@@ -323,6 +323,14 @@ def test_the_reported_exploit_is_refused_with_kubectl_and_curl(lab: Lab) -> None
         assert curl.stdout.endswith(b"\n400") and REFUSED.encode() in curl.stdout and not _leaks(curl.stdout), curl
 
 
+def test_a_nodeport_caller_asks_nothing_of_the_nodes_credentials(lab: Lab) -> None:
+    """Impersonate-* from the network is dropped: the node's credentials carry the request."""
+    curl = subprocess.run(["curl", "-sS", "-H", "Impersonate-User: kubernetes-admin", "-H", "Impersonate-Group: "
+                           "system:masters", "-w", "\n%{http_code}", f"{lab.nodeport}/hi"], capture_output=True,
+                          timeout=60)
+    assert curl.stdout.endswith(b"\n200") and b"path: /hi\n" in curl.stdout and b"Impersonate" not in curl.stdout, curl
+
+
 def test_a_proxied_name_holds_at_most_a_scheme_and_a_port(lab: Lab) -> None:
     for path, message in (("pods/a:b:c:d/proxy/", 'invalid pod request "a:b:c:d"'),
                           ("services/ftp:mine:80/proxy/", 'invalid service request "ftp:mine:80"'),
