@@ -17,8 +17,8 @@ endpoints of the migration work plug in there):
   keyboard, published on the topic ``keyboard``.
 * ``/healthz``.
 
-Confinement, whoever calls (a ``nodes/proxy`` caller is authorised for the node, not
-for every pod on it, and must not become a pod proxy caller or the reverse): every
+Confinement, whatever the API server sends (a pod proxy caller is authorised for one
+pod, and the kubelet checks again what the API server checked): every
 request's raw path is checked before routing (:mod:`kube32.urlpath`): a dot
 segment in any encoding, a backslash or a control character is a 400, never
 resolved; and a segment that names the namespace, pod or container may not hold
@@ -174,7 +174,7 @@ async def pod_http(kl: "Kubelet", request: web.Request) -> web.Response:
         return _text(503, f'pod "{ns}/{name}" is not running: {_state_text(worker.state)}',
                      {"Retry-After": "1"})
     headers = tuple((k, v) for k, v in request.headers.items() if k.lower() not in DROP_HEADERS)
-    req = HttpRequest(request.method, "/" + request.match_info["path"], request.rel_url.raw_query_string, headers,
+    req = HttpRequest(request.method, "/" + request.match_info[TAIL], request.rel_url.raw_query_string, headers,
                       await request.read())
     try:
         fut = inst.handle(req)
