@@ -51,10 +51,11 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import mmap
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import aiohttp
 from aiohttp import web
@@ -177,6 +178,7 @@ class CheckpointDataAPI:
         # GETs waiting for data on its way (waitSeconds), and data being received, by (namespace, name)
         self._waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
         self._arriving: dict[tuple[str, str], Arriving] = {}
+        self._uploading: set[tuple[str, str]] = set()  # one upload or pull of a Checkpoint's data at a time
         self._pulling = asyncio.Lock()  # the control plane takes one snapshot at a time
         self._storing = asyncio.Lock()  # what goes for data is decided and done in one step
         server.sub_handlers[("checkpoints", "data", "GET")] = self.get
@@ -283,37 +285,43 @@ class CheckpointDataAPI:
             raise errors.APIError(411, "LengthRequired", "checkpoint data needs a Content-Length")
         ck = await self.server.registry.get(t.res, t.namespace, t.name)
         self._check_size(size)
-        self._check_replaceable(t, ck, by_user=True)
-        await self._room_for(ck, size)  # refused before a byte is read when it cannot fit
-        staging = self.space.staging
-        if not await staging.enter(size, self.patience):
-            raise errors.too_many_requests(
-                f"checkpoint data space is busy: uploads arriving hold {staging.used} of its "
-                f"{staging.capacity} bytes of room for data on its way; retry", RETRY_SECONDS)
-        try:
-            return web.json_response(await self._store(t, ck, size, request.content))
-        except TimeoutError as e:
-            raise errors.request_timeout(f"{e}; nothing was stored") from None
-        finally:
-            staging.leave(size)
+        with self._one_upload(t, ck, by_user=True):
+            await self._room_for(ck, size)  # refused before a byte is read when it cannot fit
+            staging = self.space.staging
+            if not await staging.enter(size, self.patience):
+                raise errors.too_many_requests(
+                    f"checkpoint data space is busy: uploads arriving hold {staging.used} of its "
+                    f"{staging.capacity} bytes of room for data on its way; retry", RETRY_SECONDS)
+            try:
+                return web.json_response(await self._store(t, ck, size, request.content))
+            except TimeoutError as e:
+                raise errors.request_timeout(f"{e}; nothing was stored") from None
+            finally:
+                staging.leave(size)
 
     def _check_size(self, size: int) -> None:
         if size > self.space.capacity:
             raise errors.too_large(f"the snapshot is {size} bytes, more than the {self.space.capacity} bytes "
                                    "the control plane has for all checkpoint data")
 
-    def _check_replaceable(self, t: "Target", ck: dict[str, Any], by_user: bool) -> None:
-        """One upload of a Checkpoint's data at a time; a user's does not replace a move's
-        data while the move is under way (its target restores from it)."""
+    @contextlib.contextmanager
+    def _one_upload(self, t: "Target", ck: dict[str, Any], by_user: bool) -> Iterator[None]:
+        """The upload or pull of ``ck``'s data, the only one at a time; a user's does not
+        replace a move's data while the move is under way (its target restores from it)."""
         assert t.name is not None
-        on_way = self._arriving.get((t.namespace or "", t.name))
-        if on_way is not None and not on_way.ended:
+        key = (t.namespace or "", t.name)
+        if key in self._uploading:
             raise errors.conflict("checkpoints", t.name, "kube32.io",
                                   "its data is arriving in another upload; retry once that one ends")
         phase = (ck.get("status") or {}).get("phase")
         if by_user and phase in IN_FLIGHT_PHASES and self.space.stored(ck["metadata"]["uid"]) is not None:
             raise errors.conflict("checkpoints", t.name, "kube32.io",
                                   f"it is {phase}: a move's data stays until the move ends")
+        self._uploading.add(key)
+        try:
+            yield
+        finally:
+            self._uploading.discard(key)
 
     async def _room_for(self, ck: dict[str, Any], size: int) -> list[Held]:
         """The data that goes so ``size`` bytes of ``ck``'s fit (none when they fit as it
@@ -388,9 +396,9 @@ class CheckpointDataAPI:
         params = {**{k: q[k] for k in ("leave", "timeoutMs") if k in q}, "sha256": "trailer"}
         async with self._pulling:  # taken before the node freezes its pod: the next pull waits
             ck = await self.server.registry.get(t.res, t.namespace, t.name)
-            self._check_replaceable(t, ck, by_user=False)
-            return await self._pull_from(t, ck, node, f"{kubelet_base(await self.server._node(node))}/{path}",
-                                         params)
+            with self._one_upload(t, ck, by_user=False):
+                url = f"{kubelet_base(await self.server._node(node))}/{path}"
+                return await self._pull_from(t, ck, node, url, params)
 
     async def _pull_from(self, t: "Target", ck: dict[str, Any], node: str, url: str,
                          params: dict[str, str]) -> web.StreamResponse:
