@@ -272,5 +272,5 @@ class PaceClock:
         return min(self.pace.idle, due - time.monotonic())
 
     def too_slow(self, received: int, size: int) -> TimeoutError:
-        return TimeoutError(f"the upload is too slow: {received} of {size} bytes came in "
+        return TimeoutError(f"the snapshot came too slowly: {received} of {size} bytes in "
                             f"{time.monotonic() - self.start:.1f} s ({self.pace.rule()})")

@@ -134,7 +134,7 @@ def test_the_pace_allows_a_grace_then_a_rate_and_no_long_pause() -> None:
     clock.start -= 12  # 12 s in
     assert clock.allowance(1000) < 0, "1000 bytes in 12 s is under 1000 B/s after the 10 s grace"
     assert 2.9 < clock.allowance(5000) <= 3
-    assert "too slow: 1000 of 9000 bytes came in 12" in str(clock.too_slow(1000, 9000))
+    assert "came too slowly: 1000 of 9000 bytes in 12" in str(clock.too_slow(1000, 9000))
 
 
 # --- through a real API server -----------------------------------------------------------
