@@ -337,11 +337,14 @@ class CheckpointDataAPI:
         going = to_drop(held, ns, size, space.capacity)
         if going is None:
             in_flight = sum(h.size for h in held if h.standing is Standing.MOVE_IN_FLIGHT)
+            others = sum(h.size for h in held if h.namespace != ns
+                         and h.standing in (Standing.LATEST_PERIODIC, Standing.RESTORE_PENDING))
             raise errors.too_many_requests(
                 f"the snapshot of {size} bytes does not fit in the checkpoint data space of {space.capacity} "
                 f"bytes beside the data that may not go for it: {in_flight} bytes of moves in flight (they "
-                "stay until their moves end), and other namespaces' latest periodic checkpoints and pending "
-                "restores within their fair share of the space; retry later", RETRY_SECONDS)
+                f"stay until their moves end) and {others} bytes of other namespaces' latest periodic "
+                "checkpoints and pending restores (they go only beyond their namespace's fair share of the "
+                "space); retry later", RETRY_SECONDS)
         return going
 
     async def _store(self, t: "Target", ck: dict[str, Any], size: int, stream: Any,

@@ -105,11 +105,10 @@ def standings(stored: Iterable[tuple[str, Stored]], checkpoints: Iterable[Obj],
             out[uid] = Standing.RESTORE_PENDING
         else:
             out[uid] = Standing.ORDINARY
-            if ((ck["metadata"].get("labels") or {}).get(movability.TRIGGER) == "periodic"
-                    and status.get("phase") == "Saved"):
-                latest[(item.namespace, str((ck.get("spec") or {}).get("podName")))] = uid  # stored later: newer
+        if (ck["metadata"].get("labels") or {}).get(movability.TRIGGER) == "periodic" and status.get("phase") == "Saved":
+            latest[(item.namespace, str((ck.get("spec") or {}).get("podName")))] = uid  # stored later: newer
     for uid in latest.values():
-        out[uid] = Standing.LATEST_PERIODIC
+        out[uid] = max(out[uid], Standing.LATEST_PERIODIC)
     return out
 
 
@@ -138,10 +137,11 @@ def to_drop(held: Iterable[Held], namespace: str, size: int, capacity: int) -> l
             holders -= 1
 
     for standing in (Standing.ORDINARY, Standing.LATEST_PERIODIC, Standing.RESTORE_PENDING):
-        heap = [(-holding[ns], ns) for (s, ns) in queues if s is standing]
+        # The largest holder first; between equal ones, the one with the oldest data.
+        heap = [(-holding[ns], q[0].age, ns) for (s, ns), q in queues.items() if s is standing]
         heapq.heapify(heap)
         while over > 0 and heap:
-            _, ns = heapq.heappop(heap)
+            *_, ns = heapq.heappop(heap)
             q = queues[(standing, ns)]
             if standing > Standing.ORDINARY and ns != namespace and holding[ns] <= capacity / max(holders, 1):
                 # The largest other holder is within its share, so every other one is (and
@@ -152,7 +152,7 @@ def to_drop(held: Iterable[Held], namespace: str, size: int, capacity: int) -> l
                 break
             drop(q)
             if q:
-                heapq.heappush(heap, (-holding[ns], ns))
+                heapq.heappush(heap, (-holding[ns], q[0].age, ns))
     return out if over <= 0 else None
 
 

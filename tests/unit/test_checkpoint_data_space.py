@@ -42,6 +42,11 @@ def test_standings_go_in_order_and_a_move_in_flight_never() -> None:
     assert to_drop(space, "ns", 61, 100) is None, "only the move's data would make room"
 
 
+def test_between_equal_holders_the_oldest_data_goes_first() -> None:
+    space = held(("b-old", "b", 30, ORD), ("a-old", "a", 30, ORD), ("a-new", "a", 30, ORD), ("b-new", "b", 30, ORD))
+    assert uids(to_drop(space, "c", 70, 150)) == ["b-old", "a-old"]
+
+
 def test_the_largest_holder_gives_first() -> None:
     space = held(("small", "b", 10, ORD), ("big1", "c", 40, ORD), ("big2", "c", 40, ORD))
     assert uids(to_drop(space, "a", 20, 100)) == ["big1"]
@@ -96,17 +101,21 @@ def test_standings_come_from_the_checkpoints_and_the_pods() -> None:
     checkpoints = [ck("saving", "Saving"), ck("moving", "Moving"), ck("done", "Completed"),
                    ck("old-periodic", "Saved", periodic=True), ck("new-periodic", "Saved", periodic=True),
                    ck("other-pod", "Saved", pod="q", periodic=True), ck("named", "Saved"),
-                   ck("rolled-back", "Failed", rollbackPodUID="pod-2")]
+                   ck("rolled-back", "Failed", rollbackPodUID="pod-2"),
+                   ck("named-periodic", "Saved", pod="r", periodic=True), ck("older-periodic", "Saved", pod="r",
+                                                                            periodic=True)]
     pods = [{"metadata": {"namespace": "ns", "uid": "pod-1", "annotations": {"kube32.io/restore-from": "named"}}},
             {"metadata": {"namespace": "ns", "uid": "pod-2",
                           "annotations": {"kube32.io/restore-from": "rolled-back"}}},
+            {"metadata": {"namespace": "ns", "uid": "pod-4",
+                          "annotations": {"kube32.io/restore-from": "named-periodic"}}},
             {"metadata": {"namespace": "elsewhere", "uid": "pod-3",
                           "annotations": {"kube32.io/restore-from": "done"}}}]
     stored = [item(u) for u in ("saving", "moving", "done", "old-periodic", "new-periodic", "other-pod", "named",
-                                "rolled-back", "gone")]
+                                "rolled-back", "gone", "older-periodic", "named-periodic")]
     assert standings(stored, checkpoints, pods) == {
-        "saving": FLY, "moving": FLY, "rolled-back": FLY, "named": RES,
-        "new-periodic": PER, "other-pod": PER, "old-periodic": ORD, "done": ORD, "gone": ORD}
+        "saving": FLY, "moving": FLY, "rolled-back": FLY, "named": RES, "named-periodic": RES,
+        "new-periodic": PER, "other-pod": PER, "old-periodic": ORD, "older-periodic": ORD, "done": ORD, "gone": ORD}
 
 
 # --- room for uploads arriving, and their pace --------------------------------------------
