@@ -6,6 +6,7 @@ kubectl and kube32-cli (docs/security.md, "Checkpoint data").
   data, holds no other upload or move up, and is cut as too slow.
 * The data of a move in flight stays while the move is under way: an upload that
   needs its room is refused, and the rollback restores the pod with its state.
+* Another namespace's latest periodic checkpoint keeps its fair share of the space.
 """
 from __future__ import annotations
 
@@ -238,3 +239,32 @@ def test_a_moves_data_stays_while_it_moves_and_the_rollback_restores_it(cluster:
         stuck.stop()
         cluster.kubectl("delete", "node", "stuck", "--wait=false", check=False)
 
+
+
+def test_another_namespaces_latest_periodic_checkpoint_keeps_its_fair_share(cluster: ControlPlane, image: str,
+                                                                             api: Api) -> None:
+    """What node-loss recovery needs in B does not go for a snapshot of A's that wants
+    nearly the whole space; A's data that fits beside it does go in."""
+    cluster.kubectl("apply", "-n", B, "-f", "-", input=counter_pod("recover", "sim-1", image))
+    wait_for(lambda: ((get_json(cluster, "pod", "recover", "-n", B).get("status") or {})
+                      .get("containerStatuses") or [{}])[0].get("ready"), 30, what="recover ready")
+    # As the periodic checkpoints controller makes them.
+    cluster.kubectl("apply", "-n", B, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+        "metadata": {"name": "recover-periodic", "labels": {"kube32.io/trigger": "periodic"}},
+        "spec": {"podName": "recover", "action": "Save"}}))
+    wait_for(lambda: get_json(cluster, "checkpoint", "recover-periodic", "-n", B)["status"].get("phase") == "Saved",
+             30, what="the periodic checkpoint")
+    status, recovery = api.curl("GET", data_path(B, "recover-periodic"))
+    assert status == 200
+    try:
+        checkpoint(cluster, A, "hog")
+        status, body = api.curl("PUT", data_path(A, "hog"), snapshot(SPACE - (16 << 10) - 200))
+        assert status == 429 and "fair share" in json.loads(body)["message"], body[:300]
+        assert api.curl("GET", data_path(B, "recover-periodic")) == (200, recovery)
+        half = snapshot(SPACE // 2)
+        assert api.curl("PUT", data_path(A, "hog"), half)[0] == 200
+        assert api.curl("GET", data_path(A, "hog")) == (200, half)
+        assert api.curl("GET", data_path(B, "recover-periodic")) == (200, recovery)
+    finally:
+        cluster.kubectl("delete", "pod", "-n", B, "recover", "--wait=false")
