@@ -18,8 +18,9 @@ kube-apiserver's numbers:
   3 MiB, is read whole within this long (``kube32.apiserver.bodies.read_raw``).
 
 A client that misses a deadline mid-request gets ``408 Request Timeout`` (a Kubernetes
-Status saying which deadline) and the connection is closed; an idle one is closed
-without a word, as Go's server does.  The handler of a request cut off sees its client
+Status saying which deadline) and the connection is closed; an idle one, or one that
+never sent a byte, is closed without a word, as Go's server does.  A refused
+connection whose peer reads nothing is dropped ``ABORT_AFTER`` later.  The handler of a request cut off sees its client
 gone (its body read raises, the task is cancelled), as with any disconnect.
 
 Design: :class:`GuardedRunner` is an ``aiohttp.web.AppRunner`` whose sites wrap each
