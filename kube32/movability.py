@@ -24,6 +24,9 @@ POLICIES = ("OnDrain", "Never", "Auto")
 BLOCKING_CAPABILITIES = ("DISPLAY", "KEYBOARD", "SPEAKER", "SD", "CHIP_TEMP")
 ENTRY_POINTS = ("_start", "app_main", "main")
 I2C_GRANT = "kube32.io/i2c-device"
+# A Service's: how long its proxies hold a request its moving pod could not take
+# ("10s"; "0" holds none).  Read by kube32.holding.
+HOLD_REQUESTS = "kube32.io/hold-requests"
 
 
 def policy(pod: dict[str, Any]) -> str:

@@ -122,17 +122,33 @@ class KubeletProxy:
         """Stream the kubelet's answer back.  ``statuses``: a kubelet's plain-text refusal
         becomes a Status with its words (as the API server answers ``pods/log``), so
         kubectl prints the kubelet's reason instead of an unknown one."""
+        body = request.content if request.body_exists else None
+        upstream = await self.send(request, url, body, method=method, extra_headers=extra_headers)
+        return await self.relay(request, upstream, statuses=statuses)
+
+    async def send(self, request: web.Request, url: yarl.URL, body: Any, *, method: str | None = None,
+                   extra_headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
+        """Send ``request`` (its headers, ``body``: the request's stream, bytes or None)
+        to ``url``; the kubelet's answer once its headers are in.  A kubelet that could
+        not be reached (no connection made, nothing sent) is :class:`Unreached`."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         headers.update(self.auth_headers(url))
         headers.update(extra_headers or {})
-        body = request.content if request.body_exists else None
-        if request.content_length is not None:
+        if isinstance(body, bytes):
+            headers["Content-Length"] = str(len(body))
+        elif request.content_length is not None:
             headers["Content-Length"] = str(request.content_length)
         try:
-            upstream = await self.session.request(method or request.method, url, headers=headers,
-                                                  data=body, allow_redirects=False)
+            return await self.session.request(method or request.method, url, headers=headers,
+                                              data=body, allow_redirects=False)
+        except aiohttp.ClientConnectorError as e:
+            raise Unreached(f"error trying to reach the kubelet: {e}") from None
         except (aiohttp.ClientError, OSError) as e:
             raise errors.service_unavailable(f"error trying to reach the kubelet: {e}") from None
+
+    async def relay(self, request: web.Request, upstream: aiohttp.ClientResponse, *,
+                    statuses: bool = False) -> web.StreamResponse:
+        """Stream the kubelet's answer (from :meth:`send`) back to the client."""
         async with upstream:
             if statuses and upstream.status >= 400 and upstream.content_type == "text/plain":
                 text = (await upstream.text()).strip()
@@ -154,6 +170,13 @@ class KubeletProxy:
                 return resp
             await resp.write_eof()
             return resp
+
+
+class Unreached(errors.APIError):
+    """No connection to the kubelet could be made: the request was never sent (503)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, "ServiceUnavailable", message)
 
 
 STATUS_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 503: "ServiceUnavailable"}

@@ -28,14 +28,14 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from .. import serving
+from .. import holding, serving
 from ..store import Store
-from . import (authz, bodies, discovery, dryrun, errors, eventbus, images, impersonation, meta, nodecredentials,
-               rbac, serviceaccounts, tables)
+from . import (authz, bodies, discovery, dryrun, errors, eventbus, hold, images, impersonation, meta,
+               nodecredentials, rbac, serviceaccounts, tables)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .eviction import EvictionHandler
 from .limits import MAX_DEPTH
-from .proxy import KubeletProxy, check_suffix, kubelet_base, kubelet_url, proxied_name, ready_pods
+from .proxy import KubeletProxy, Unreached, check_suffix, kubelet_base, kubelet_url, proxied_name, ready_pods
 from .registry import PATCH_APPLY, PATCH_TYPES, Registry, patch_refusal
 from .resources import Resource, by_plural, lookup
 from .selectors import parse_field_selector, parse_label_selector
@@ -73,6 +73,7 @@ class APIServer:
         self.authorizer = authz.Authorizer(self.registry)
         self.pki_dir: Any = None   # the cluster CA's directory: signs kubelet certificates
         self.kubelets = KubeletProxy(kubelet_token, kubelet_ssl)
+        self.holds = hold.Holds(self.registry)   # requests held through moves; .stats for /metrics
         # Subresource handlers that later parts plug in: (plural, sub, method) -> handler.
         self.sub_handlers: dict[tuple[str, str, str], Callable[[web.Request, Target], Awaitable[web.StreamResponse]]] = {}
         self.eviction_handler: Callable[[web.Request, Target, dict], Awaitable[web.StreamResponse]] | None = \
@@ -109,6 +110,7 @@ class APIServer:
         return app
 
     async def _cleanup(self, app: web.Application) -> None:
+        await self.holds.close()
         await self.kubelets.close()
 
     async def ensure_defaults(self) -> None:
@@ -531,7 +533,9 @@ class APIServer:
 
     async def proxy(self, request: web.Request, t: Target) -> web.StreamResponse:
         """The node, pod or service proxy: the caller's suffix (checked in :meth:`_target`)
-        goes only under the object it was authorised for (:func:`~.proxy.kubelet_url`)."""
+        goes only under the object it was authorised for (:func:`~.proxy.kubelet_url`).
+        A Service's requests, and a pod's when the client asks with ``Prefer: wait``,
+        are held through a move (:mod:`.hold`)."""
         assert t.name is not None
         name = proxied_name(t.res.kind, t.name)
         query = request.rel_url.raw_query_string   # as sent: decoding it would change it
@@ -539,25 +543,67 @@ class APIServer:
             base = kubelet_base(await self._node(name))
             return await self.kubelets.forward(request, kubelet_url(base, [], t.rest, query))
         assert t.namespace is not None
+        wait = holding.prefer_wait(request.headers.getall(holding.PREFER, []))
         if t.res.plural == "services":
-            pod = await self._service_pod(t.namespace, name)
-            name = pod["metadata"]["name"]
+            svc = await self.registry.get(by_plural("services"), t.namespace, name)
+            bound = holding.hold_seconds(svc["metadata"].get("annotations"))
+            bound = bound if wait is None else min(bound, wait)
+            selector = (svc.get("spec") or {}).get("selector") or {}
+            if bound > 0 and selector:
+                labels = parse_label_selector(",".join(f"{k}={v}" for k, v in selector.items()))
+                target = hold.Target("Service", t.namespace, name, labels, None, svc)
+                return await self._held(request, t, target, bound, lambda: _no_endpoints(name))
+            name = self._service_pod(name, await self._selected(t.namespace, selector))["metadata"]["name"]
+        elif wait:
+            pod = await self.registry.get(by_plural("pods"), t.namespace, name)
+            target = hold.Target("Pod", t.namespace, name, None, parse_field_selector(f"metadata.name={name}"), pod)
+            return await self._held(request, t, target, wait,
+                                    lambda: errors.bad_request(f'pod "{name}" is not scheduled to a node yet'))
         _, base = await self._pod_base(t.namespace, name)
         return await self.kubelets.forward(
             request, kubelet_url(base, ["pods", t.namespace, name, "http"], t.rest, query))
 
-    async def _service_pod(self, ns: str, name: str) -> dict:
-        svc = await self.registry.get(by_plural("services"), ns, name)
-        selector = (svc.get("spec") or {}).get("selector") or {}
+    async def _held(self, request: web.Request, t: Target, target: hold.Target, bound: float,
+                    no_pod: Callable[[], errors.APIError]) -> web.StreamResponse:
+        """A proxied request that may be held (:meth:`.hold.Holds.serve`); a body too large
+        to keep goes once, as it comes, to the pod the proxy picks."""
+        assert t.namespace is not None
+        query = request.rel_url.raw_query_string
+        holdable, body = await hold.holdable_body(request)
+
+        async def send(pod: dict) -> Any:
+            try:
+                base = kubelet_base(await self._node(pod["spec"]["nodeName"]))
+            except errors.APIError as e:   # its node is gone or has no kubelet: nothing was sent
+                raise Unreached(e.message) from None
+            url = kubelet_url(base, ["pods", t.namespace, pod["metadata"]["name"], "http"], t.rest, query)
+            return await self.kubelets.send(request, url, body)
+
+        async def relay(upstream: Any) -> web.StreamResponse:
+            return await self.kubelets.relay(request, upstream)
+
+        if not holdable:
+            self.holds.count(target, "not_holdable")
+            pods, _ = await self.holds.pods(target)
+            first, _ = self.holds.first_choice(target, pods)
+            if first is None:
+                raise no_pod()
+            return await relay(await send(first))
+        return await self.holds.serve(target, bound, len(body or b""), send, relay, no_pod)
+
+    async def _selected(self, ns: str, selector: dict) -> list[dict] | None:
         if not selector:
-            raise errors.service_unavailable(f'no endpoints available for service "{name}"')
+            return None
         labels = parse_label_selector(",".join(f"{k}={v}" for k, v in selector.items()))
         pods, _ = await self.registry.list(by_plural("pods"), ns, labels)
+        return pods
+
+    def _service_pod(self, name: str, pods: list[dict] | None) -> dict:
+        if pods is None:
+            raise errors.service_unavailable(f'no endpoints available for service "{name}"')
         ready = ready_pods(pods)
         if not ready:
-            # Often brief (a pod between nodes in a move, or starting): ask to retry, as a
-            # frozen pod does.
-            raise errors.service_unavailable(f'no endpoints available for service "{name}"', retry_after=1)
+            raise _no_endpoints(name)
         return ready[self.kubelets.pick(len(ready))]
 
     async def pod_log(self, request: web.Request, t: Target) -> web.StreamResponse:
@@ -574,6 +620,12 @@ class APIServer:
         qs = "&".join(f"{k}={quote(v, safe='')}" for k, v in q.items())
         url = kubelet_url(base, ["containerLogs", t.namespace, t.name, container], query=qs)
         return await self.kubelets.forward(request, url, method="GET", statuses=True)
+
+
+def _no_endpoints(service: str) -> errors.APIError:
+    # Often brief (a pod between nodes in a move, or starting): ask to retry, as a
+    # frozen pod does.
+    return errors.service_unavailable(f'no endpoints available for service "{service}"', retry_after=1)
 
 
 def _scale_of(obj: dict) -> dict:

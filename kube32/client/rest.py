@@ -87,6 +87,14 @@ class Client:
         return cls(cluster["server"], user.get("token"), ca_pem=ca,
                    insecure=bool(cluster.get("insecure-skip-tls-verify")), **kw)
 
+    def sibling(self, user_agent: str | None = None) -> "Client":
+        """A client with the same server and credentials and a connection pool of its
+        own: requests that may wait long (a proxy's) never take this one's connections."""
+        other = Client(self.server, self.token, user_agent=user_agent or self.user_agent,
+                       unix_socket=self.unix_socket)
+        other._ssl, other.ca_pem = self._ssl, self.ca_pem
+        return other
+
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

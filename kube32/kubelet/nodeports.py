@@ -3,7 +3,11 @@
 For each port of a Service of type NodePort (or LoadBalancer) the kubelet listens
 on ``<node IP>:<nodePort>`` and forwards each HTTP request, streaming, to the
 API server's ``services/<name>:<port>/proxy/<path>``, which picks a Ready pod of
-the Service on any node (so a frozen or moving pod, not Ready, gets no traffic).
+the Service on any node and holds a request through a move (kube32.apiserver.hold),
+so a NodePort's clients see a move no more than the Service proxy's do.  These
+requests go on a connection pool of their own (:meth:`Client.sibling`): held ones
+never take the connections the kubelet reports its pods' status on (the Ready of a
+replacement they wait for).
 This is what kube-proxy does on a Kubernetes node; here pods answer HTTP through
 their kubelet, so the hop goes through the API server.
 
@@ -25,7 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from .. import serving, urlpath
-from ..client import SERVICES, Informer
+from ..client import SERVICES, Client, Informer
 
 if TYPE_CHECKING:
     from .kubelet import Kubelet
@@ -50,6 +54,7 @@ class NodePorts:
         self.informer = Informer(kubelet.client, SERVICES)
         self.listeners: dict[int, tuple[tuple[str, str, int], web.AppRunner]] = {}
         self._lock = asyncio.Lock()
+        self._client: Client | None = None   # made at the first request: after the join set the token
 
     def start(self) -> asyncio.Task:
         self.informer.add_handler(lambda *_: self.kl._spawn(self.reconcile()))
@@ -60,6 +65,14 @@ class NodePorts:
         for _, runner in self.listeners.values():
             await runner.cleanup()
         self.listeners.clear()
+        if self._client is not None:
+            await self._client.close()
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = self.kl.client.sibling(f"{self.kl.client.user_agent} (NodePort)")
+        return self._client
 
     async def reconcile(self) -> None:
         async with self._lock:
@@ -104,7 +117,7 @@ class NodePorts:
             headers = {k: v for k, v in request.headers.items()
                        if k.lower() not in HOP and not k.lower().startswith("impersonate-")}
             try:
-                async with self.kl.client.request(request.method, path, encoded=True,
+                async with self.client.request(request.method, path, encoded=True,
                                                   data=await request.read(), headers=headers) as up:
                     resp = web.StreamResponse(status=up.status, reason=up.reason)
                     for k, v in up.headers.items():

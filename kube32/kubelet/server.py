@@ -10,7 +10,10 @@ that the API server's TokenReview says is ``system:kube-apiserver`` or
 endpoints of the migration work plug in there):
 
 * ``/pods/<ns>/<pod>/http/<path>``: one request into the pod's ``k32_handle``;
-  a frozen pod answers 503 with ``Retry-After: 1``.
+  a frozen pod answers 503 with ``Retry-After: 1``.  Every refusal of a request the
+  pod never began (frozen, moved away, not running) carries
+  :data:`~kube32.holding.NOT_STARTED`, and no answer of a pod does (the header is
+  dropped from it): the proxies hold and re-send only what is so marked.
 * ``/containerLogs/<ns>/<pod>/<container>?follow=&tailLines=&timestamps=&previous=&sinceSeconds=&sinceTime=&limitBytes=``.
 * ``/checkpoint/<ns>/<pod>/<container>`` and ``/thaw/...``: see :mod:`.migration`.
 * ``/devices/keyboard?key=K[&namespace=NS]``: a key press on a node with a
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
-from .. import serving, urlpath
+from .. import holding, serving, urlpath
 from ..client import ApiError
 from ..wasm import HttpRequest, PodError, PodFrozen
 from . import migration
@@ -54,8 +57,17 @@ DROP_HEADERS = frozenset({"host", "authorization", "connection", "keep-alive", "
                           "content-length", "x-forwarded-for", "x-forwarded-uri", "accept-encoding"})
 
 
+# Of a pod's answer: framing the server sets, and the kubelet's own mark (no pod forges it).
+POD_DROPPED_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", holding.NOT_STARTED.lower()})
+
+
 def _text(status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, text=text.rstrip("\n") + "\n", headers=headers)
+
+
+def _not_started(text: str, why: str) -> web.Response:
+    """503 for a request the pod never began: ask again, and the proxies may hold it."""
+    return _text(503, text, {"Retry-After": "1", holding.NOT_STARTED: why})
 
 
 class TokenCheck:
@@ -166,26 +178,25 @@ async def pod_http(kl: "Kubelet", request: web.Request) -> web.Response:
     ns, name = request.match_info["ns"], request.match_info["pod"]
     worker = kl.worker_by_name(ns, name)
     if worker is None and kl.moved_away_lately(ns, name):
-        return _text(503, f'pod "{ns}/{name}" moved away from node "{kl.options.node_name}"', {"Retry-After": "1"})
+        return _not_started(f'pod "{ns}/{name}" moved away from node "{kl.options.node_name}"', holding.MOVED_AWAY)
     if worker is None:
         return _text(404, f'pod "{ns}/{name}" is not running on node "{kl.options.node_name}"')
     inst = worker.instance
     if inst is None:
-        return _text(503, f'pod "{ns}/{name}" is not running: {_state_text(worker.state)}',
-                     {"Retry-After": "1"})
+        return _not_started(f'pod "{ns}/{name}" is not running: {_state_text(worker.state)}', holding.NOT_RUNNING)
     headers = tuple((k, v) for k, v in request.headers.items() if k.lower() not in DROP_HEADERS)
     req = HttpRequest(request.method, "/" + request.match_info[TAIL], request.rel_url.raw_query_string, headers,
                       await request.read())
     try:
         fut = inst.handle(req)
     except PodFrozen:
-        return _text(503, f'pod "{ns}/{name}" is frozen', {"Retry-After": "1"})
-    except PodError as e:
-        return _text(503, f'pod "{ns}/{name}" cannot serve: {e}', {"Retry-After": "1"})
+        return _not_started(f'pod "{ns}/{name}" is frozen', holding.FROZEN)
+    except PodError as e:   # not running: the request was not queued
+        return _not_started(f'pod "{ns}/{name}" cannot serve: {e}', holding.NOT_RUNNING)
     try:
         resp = await asyncio.wait_for(asyncio.wrap_future(fut), kl.options.call_timeout_ms / 1000 + 5)
-    except PodFrozen:
-        return _text(503, f'pod "{ns}/{name}" is frozen', {"Retry-After": "1"})
+    except PodFrozen:   # queued, then the freeze came first: the call never began
+        return _not_started(f'pod "{ns}/{name}" is frozen', holding.FROZEN)
     except PodError as e:
         return _text(502, f'pod "{ns}/{name}" failed the request: {e}')
     except TimeoutError:
@@ -194,7 +205,7 @@ async def pod_http(kl: "Kubelet", request: web.Request) -> web.Response:
         kl.node_changed()  # a call that grew memory: report the free heap (and any pressure) now
     out = web.Response(status=resp.status, body=resp.body)
     for k, v in resp.headers:
-        if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+        if k.lower() not in POD_DROPPED_HEADERS:
             out.headers.add(k, v)
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from ... import holding, movability
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
 
@@ -78,6 +79,12 @@ class ServiceStrategy(Strategy):
                 errs.append(("spec.externalName", "Required value"))
             if spec.get("clusterIP") or spec.get("clusterIPs"):
                 errs.append(("spec.clusterIPs", "Forbidden: may not be set for ExternalName services"))
+        hold = ((obj.get("metadata") or {}).get("annotations") or {}).get(movability.HOLD_REQUESTS)
+        if hold is not None:
+            try:
+                holding.parse_hold(str(hold))
+            except ValueError as e:
+                errs.append((f"metadata.annotations[{movability.HOLD_REQUESTS}]", f"Invalid value: {e}"))
         return errs
 
     def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
