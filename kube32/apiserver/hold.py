@@ -156,6 +156,7 @@ class _Held:
     seq: int
     size: int
     arrived: float
+    granted: Obj | None = None   # the pod the dispatcher gave it, until it was sent there
     turn: asyncio.Future = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def __lt__(self, other: "_Held") -> bool:
@@ -246,17 +247,13 @@ class Holds:
     def answered_by(self, pod: Obj) -> None:
         self._refused.pop(pod["metadata"].get("uid", ""), None)
 
-    def first_choice(self, target: Target, pods: list[Obj]) -> tuple[Obj | None, bool]:
-        """The pod to send a new request to, and whether the target has any that could
-        take it now.  A Service's: a Ready one; the pod proxy's: its pod, as the pod
-        proxy always sends, once it is on a node."""
+    def first_choice(self, pods: list[Obj]) -> tuple[Obj | None, bool]:
+        """A Ready pod to send a new request to (round robin, none that refused lately),
+        and whether any pod is Ready."""
         now = time.monotonic()
-        if target.fields is not None:
-            found = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
-        else:
-            found = ready_pods(pods)
-        usable = [p for p in found if self.refusing(p, now) is None]
-        return (self.pick(usable) if usable else None), bool(found)
+        ready = ready_pods(pods)
+        usable = [p for p in ready if self.refusing(p, now) is None]
+        return (self.pick(usable) if usable else None), bool(ready)
 
     # --- one request --------------------------------------------------------------
     async def serve(self, target: Target, bound: float, size: int, send: Send, relay: Relay,
@@ -267,18 +264,34 @@ class Holds:
         refusal: Refusal | None = None
         if target.key not in self.queues:
             pods, _ = await self.pods(target)
-            first, any_pod = self.first_choice(target, pods)
+            first, any_ready = self.first_choice(pods)
+            if first is None and not any_ready and not await self.moving(target, pods):
+                # Nothing to wait for: a Service answers as today; the pod proxy sends to
+                # its pod whatever its state, as it always does.
+                first = pods[0] if target.fields is not None and pods and pods[0]["spec"].get("nodeName") else None
+                if first is None:
+                    raise no_pod()
             if first is not None:
                 upstream, refusal = await self._attempt(send, first)
                 if upstream is not None:
                     return await relay(upstream)
                 self.episode(target).pods.add(first["metadata"]["name"])
-            elif not any_pod and not await self.moving(target, pods):
-                raise no_pod()
         queue = self.queues.get(target.key)
         if queue is None:
             queue = self.queues[target.key] = HoldQueue(self, target)
         return await queue.hold(size, deadline, refusal or Refusal(error=no_pod()), send, relay)
+
+    async def once(self, target: Target, sending: Awaitable[aiohttp.ClientResponse]) -> aiohttp.ClientResponse:
+        """A request that cannot be held (its body streams): its answer as it comes,
+        counted when it was a refusal that holding would have saved."""
+        try:
+            upstream = await sending
+        except Unreached:
+            self.count(target, "not_holdable")
+            raise
+        if upstream.status == 503 and not_started(upstream.headers):
+            self.count(target, "not_holdable")
+        return upstream
 
     async def _attempt(self, send: Send, pod: Obj) -> tuple[aiohttp.ClientResponse | None, Refusal | None]:
         """The pod's answer, or what refused the request before the pod began it (the
@@ -339,7 +352,9 @@ class Holds:
         message = (f"Held {ep.held} request{'s' if ep.held != 1 else ''} while {what} could not take them "
                    f"(frozen or moving): {ep.sent} sent on, {ep.timed_out} answered 503 at the bound; "
                    f"longest hold {ep.longest_ms} ms")
-        md = target.involved["metadata"]
+        current = await self.registry.try_get(by_plural("services" if target.kind == "Service" else "pods"),
+                                              target.namespace, target.name)
+        md = (current or target.involved)["metadata"]   # a moved pod's event names the pod it is now
         now = _rfc3339()
         event = {"apiVersion": "v1", "kind": "Event",
                  "metadata": {"name": f"{target.name}.{secrets.token_hex(8)}", "namespace": target.namespace},
@@ -406,10 +421,8 @@ class HoldQueue:
                     return refusal.answer()
                 try:
                     upstream, why = await holds._attempt(send, pod)
-                except BaseException:
-                    self._sent(pod)
-                    raise
-                self._sent(pod)
+                finally:
+                    self._sent(held)
                 if upstream is not None:
                     holds.count(target, "sent")
                     holds.episode(target).sent += 1
@@ -423,6 +436,8 @@ class HoldQueue:
             holds.count(target, "gone")
             raise
         finally:
+            if held.granted is not None:   # given a pod, gone before it was sent
+                self._sent(held)
             episode = holds.episode(target)
             episode.longest_ms = max(episode.longest_ms, int((time.monotonic() - held.arrived) * 1000))
             if held in self.waiting:
@@ -436,13 +451,16 @@ class HoldQueue:
         remaining = deadline - time.monotonic()
         if remaining > 0 and not held.turn.done():
             await asyncio.wait({held.turn}, timeout=remaining)
-        if held.turn.done():
+        if held.turn.done() and not held.turn.cancelled():
             return held.turn.result()
-        held.turn.cancel()
+        held.turn.cancel()   # the deadline, or the dispatcher gave up
         return None
 
-    def _sent(self, pod: Obj) -> None:
-        self.busy.discard(pod["metadata"].get("uid", ""))
+    def _sent(self, held: _Held) -> None:
+        """The pod ``held`` went to answered, refused or failed: it may take the next."""
+        if held.granted is not None:
+            self.busy.discard(held.granted["metadata"].get("uid", ""))
+            held.granted = None
         self.wake.set()
 
     # --- the dispatcher ---------------------------------------------------------------
@@ -480,6 +498,7 @@ class HoldQueue:
                             pod = free[(start + i) % len(free)]
                             held = self.waiting.pop(0)
                             self.busy.add(pod["metadata"].get("uid", ""))
+                            held.granted = pod
                             held.turn.set_result(pod)
                     elif not pods and not await holds.moving(target, pods):
                         self._give_up()   # nothing left to wait for: the 503 now

@@ -582,14 +582,18 @@ class APIServer:
         async def relay(upstream: Any) -> web.StreamResponse:
             return await self.kubelets.relay(request, upstream)
 
-        if not holdable:
-            self.holds.count(target, "not_holdable")
-            pods, _ = await self.holds.pods(target)
-            first, _ = self.holds.first_choice(target, pods)
+        if holdable:
+            return await self.holds.serve(target, bound, len(body or b""), send, relay, no_pod)
+        if target.kind == "Pod":
+            _, base = await self._pod_base(t.namespace, target.name)
+            url = kubelet_url(base, ["pods", t.namespace, target.name, "http"], t.rest, query)
+            upstream = self.kubelets.send(request, url, body)
+        else:
+            first, _ = self.holds.first_choice((await self.holds.pods(target))[0])
             if first is None:
                 raise no_pod()
-            return await relay(await send(first))
-        return await self.holds.serve(target, bound, len(body or b""), send, relay, no_pod)
+            upstream = send(first)
+        return await relay(await self.holds.once(target, upstream))
 
     async def _selected(self, ns: str, selector: dict) -> list[dict] | None:
         if not selector:

@@ -1,0 +1,302 @@
+"""Requests held through a move (issue 24): the Service proxy, a NodePort and (when asked
+with ``Prefer: wait``) the pod proxy hold a request its pod never began - the kubelet's
+marked 503 for a frozen, moved or stopped pod, a kubelet that cannot be reached, or no
+Ready pod while one is between nodes - and send it once a Ready pod can take it, up to
+the Service's bound (``kube32.io/hold-requests``), then answer the 503 as before.
+
+Two parts.  The rules, against the real API server and a kubelet stand-in whose pod
+answers as the test says (frozen, its own 503, or a number in arrival order): what is
+held and what is not, order, bodies, bounds, the pod proxy's switch, the event and the
+counters.  Then moves on a real cluster (``kube32-sim``): a client loop through the
+Service proxy and a NodePort while the pod moves back and forth, a ``kubectl drain``,
+a rollback and a move longer than the bound.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+import yaml
+from aiohttp import web
+
+from kube32.client import Client
+from tests.conftest import ROOT, ControlPlane, start_cluster, wait_for
+from tests.e2e.helpers import cli, get_json, push
+from tests.e2e.test_apiserver_proxy import NODE_INFO
+from tests.e2e.test_moves import extra_worker
+
+MARK = "X-Kube32-Not-Started"
+SVC = "/api/v1/namespaces/default/services/svc/proxy/"
+
+
+# --- the rules, against a kubelet stand-in ----------------------------------------------------
+
+class PodKubelet:
+    """A kubelet stand-in (aiohttp on a thread) for the pods the test puts on its node.
+    Its pods answer by ``mode``: ``frozen``, the kubelet's marked refusal; ``own503``, a
+    pod's own 503 (Retry-After, no mark); ``ok``, JSON with the answer's number in
+    arrival order, after ``delay`` s.  It counts refusals and the most answers in
+    progress at once."""
+
+    def __init__(self) -> None:
+        self.mode = "frozen"
+        self.delay = 0.0
+        self.answered: list[dict[str, Any]] = []
+        self.refused = 0
+        self.in_flight = 0
+        self.most = 0
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            app = web.Application(client_max_size=1 << 24)
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            runner = web.AppRunner(app)
+            self._loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            self._loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]
+            ready.set()
+            self._loop.run_forever()
+        threading.Thread(target=run, daemon=True).start()
+        ready.wait(10)
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if self.mode == "frozen":
+            self.refused += 1
+            pod = request.path.split("/")[3]
+            return web.Response(status=503, text=f'pod "default/{pod}" is frozen\n',
+                                headers={"Retry-After": "1", MARK: "frozen"})
+        if self.mode == "own503":
+            self.answered.append({"query": request.query_string, "len": len(body)})
+            return web.Response(status=503, text="the pod itself is busy\n", headers={"Retry-After": "1"})
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+            self.answered.append({"query": request.query_string, "len": len(body), "path": request.path})
+            return web.json_response({"n": len(self.answered), "query": request.query_string, "len": len(body)})
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture
+def kubelet() -> PodKubelet:
+    return PodKubelet()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def add_node(core: Any, name: str, port: int) -> None:
+    core.create_node({"metadata": {"name": name}, "status": {
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
+        "conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": NODE_INFO}})
+
+
+def add_pod(core: Any, name: str, node: str, app: str = "a", ready: bool = True,
+            annotations: dict | None = None) -> None:
+    core.create_namespaced_pod("default", {"metadata": {"name": name, "labels": {"app": app},
+                                                        "annotations": annotations or {}},
+                                           "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}})
+    set_ready(core, name, ready)
+
+
+def set_ready(core: Any, name: str, ready: bool) -> None:
+    core.patch_namespaced_pod_status(name, "default", {"status": {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True" if ready else "False"}]}})
+
+
+def add_service(core: Any, name: str = "svc", app: str = "a", hold: str | None = None, **spec: Any) -> None:
+    annotations = {"kube32.io/hold-requests": hold} if hold is not None else {}
+    core.create_namespaced_service("default", {"metadata": {"name": name, "annotations": annotations},
+                                               "spec": {"selector": {"app": app}, "ports": [{"port": 80}], **spec}})
+
+
+@pytest.fixture
+def lab(control_plane: ControlPlane, kubelet: PodKubelet) -> Iterator[Any]:
+    """Node n1 (the stand-in), pod p1 Ready on it, Service svc (app=a) holding 5 s."""
+    from kubernetes import client
+    core = client.CoreV1Api(control_plane.client())
+    add_node(core, "n1", kubelet.port)
+    add_pod(core, "p1", "n1")
+    add_service(core, hold="5s")
+    yield core
+
+
+async def call(c: Client, path: str, method: str = "GET", data: bytes | None = None,
+               headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes, float]:
+    started = time.monotonic()
+    async with c.request(method, path, data=data, headers=headers or {}) as r:
+        return r.status, dict(r.headers), await r.read(), time.monotonic() - started
+
+
+def run(cp: ControlPlane, body: Any) -> Any:
+    async def go() -> Any:
+        async with Client.from_kubeconfig(cp.kubeconfig) as c:
+            return await body(c)
+    return asyncio.run(go())
+
+
+def held_events(cp: ControlPlane, kind: str = "Service", name: str = "svc") -> list[dict]:
+    items = get_json(cp, "events", "--field-selector", f"involvedObject.name={name},reason=RequestsHeld")["items"]
+    return [e for e in items if e["involvedObject"]["kind"] == kind]
+
+
+def test_held_requests_go_in_arrival_order_once_the_pod_can_take_them(control_plane: ControlPlane,
+                                                                      kubelet: PodKubelet, lab: Any) -> None:
+    """Refused while frozen, each request waits; when the pod takes requests again they
+    reach it one at a time in the order they came, a request that came meanwhile after
+    them, and every client gets the pod's answer."""
+    cp = control_plane
+    kubelet.delay = 0.02
+
+    async def body(c: Client) -> list:
+        tasks = []
+        for i in range(8):
+            tasks.append(asyncio.ensure_future(call(c, f"{SVC}?i={i}")))
+            await asyncio.sleep(0.03)
+        await asyncio.sleep(0.4)
+        assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]
+        kubelet.mode = "ok"          # the pod runs again; its status does not say so yet
+        tasks.append(asyncio.ensure_future(call(c, f"{SVC}?i=8")))
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(set_ready, lab, "p1", True)
+        return await asyncio.gather(*tasks)
+
+    out = run(cp, body)
+    assert [s for s, *_ in out] == [200] * 9, out
+    assert [a["query"] for a in kubelet.answered] == [f"i={i}" for i in range(9)]
+    assert kubelet.most == 1, "held requests reach one pod one at a time"
+    assert [json.loads(b)["n"] for _, _, b, _ in out] == list(range(1, 10))
+    assert kubelet.refused >= 1   # the first; those after it wait behind it without asking
+    wait_for(lambda: held_events(cp), 15, what="a RequestsHeld event")
+    ev = held_events(cp)[0]
+    assert ev["type"] == "Normal" and ev["message"].startswith("Held 9 requests while pod p1 could not take them")
+    assert "9 sent on, 0 answered 503 at the bound" in ev["message"]
+    described = cp.kubectl("describe", "service", "svc").stdout
+    assert "RequestsHeld" in described and "Held 9 requests" in described, described
+
+
+def test_a_pods_own_503_and_large_bodies_are_not_held(control_plane: ControlPlane, kubelet: PodKubelet,
+                                                      lab: Any) -> None:
+    """Only what the kubelet marks as never begun is held: a pod's own 503 comes back at
+    once, and so does the refusal of a request whose body is too large to keep."""
+    cp = control_plane
+    kubelet.mode = "own503"
+    status, headers, text, took = run(cp, lambda c: call(c, SVC))
+    assert (status, text, headers.get("Retry-After")) == (503, b"the pod itself is busy\n", "1")
+    assert took < 1 and MARK not in headers and len(kubelet.answered) == 1
+
+    kubelet.mode = "frozen"
+    status, headers, text, took = run(cp, lambda c: call(c, SVC + "big", "POST", b"x" * (100 << 10)))
+    assert (status, headers.get(MARK), headers.get("Retry-After")) == (503, "frozen", "1") and took < 1
+    assert text == b'pod "default/p1" is frozen\n'
+
+    async def small(c: Client) -> Any:
+        task = asyncio.ensure_future(call(c, SVC + "small", "POST", b"y" * (10 << 10)))
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        kubelet.mode = "ok"
+        return await task
+    status, _, text, _ = run(cp, small)
+    assert status == 200 and json.loads(text)["len"] == 10 << 10
+
+
+def test_the_bound_ends_with_the_503_the_request_would_have_had(control_plane: ControlPlane,
+                                                                kubelet: PodKubelet, lab: Any) -> None:
+    cp = control_plane
+    cp.kubectl("annotate", "service", "svc", "kube32.io/hold-requests=1s", "--overwrite")
+    status, headers, text, took = run(cp, lambda c: call(c, SVC))
+    assert (status, headers.get("Retry-After"), text) == (503, "1", b'pod "default/p1" is frozen\n')
+    assert 0.9 < took < 3, took
+    wait_for(lambda: held_events(cp), 15, what="a RequestsHeld event")
+    ev = held_events(cp)[0]
+    assert ev["type"] == "Warning" and "0 sent on, 1 answered 503 at the bound" in ev["message"], ev["message"]
+
+    # "0" holds nothing, and a client may shorten the bound (never lengthen it).
+    cp.kubectl("annotate", "service", "svc", "kube32.io/hold-requests=0", "--overwrite")
+    status, _, _, took = run(cp, lambda c: call(c, SVC))
+    assert status == 503 and took < 0.5
+    cp.kubectl("annotate", "service", "svc", "kube32.io/hold-requests=5s", "--overwrite")
+    status, _, _, took = run(cp, lambda c: call(c, SVC, headers={"Prefer": "wait=1"}))
+    assert status == 503 and 0.9 < took < 3, took
+
+
+def test_the_annotation_is_checked_when_the_service_is_written(control_plane: ControlPlane, lab: Any) -> None:
+    cp = control_plane
+    for value, why in (("forever", '"forever" is not a duration (e.g. 500ms, 2s, 1m)'),
+                       ("2m", '"2m" is more than the longest hold, 60s')):
+        out = cp.kubectl("annotate", "service", "svc", f"kube32.io/hold-requests={value}", "--overwrite",
+                         check=False)
+        assert out.returncode == 1
+        assert f"metadata.annotations[kube32.io/hold-requests]: Invalid value: {why}" in out.stderr, out.stderr
+
+
+def test_the_pod_proxy_holds_only_when_the_client_asks(control_plane: ControlPlane, kubelet: PodKubelet,
+                                                       lab: Any) -> None:
+    cp = control_plane
+    pod = "/api/v1/namespaces/default/pods/p1/proxy/"
+    status, headers, _, took = run(cp, lambda c: call(c, pod))
+    assert (status, headers.get(MARK)) == (503, "frozen") and took < 0.5
+
+    async def waiting(c: Client) -> Any:
+        task = asyncio.ensure_future(call(c, pod, headers={"Prefer": "wait=5"}))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        kubelet.mode = "ok"
+        await asyncio.to_thread(set_ready, lab, "p1", True)
+        return await task
+    status, _, text, _ = run(cp, waiting)
+    assert status == 200 and json.loads(text)["n"] == 1
+    wait_for(lambda: held_events(cp, "Pod", "p1"), 15, what="a RequestsHeld event on the pod")
+
+
+def test_an_unreachable_kubelet_or_a_pod_between_nodes_is_waited_for(control_plane: ControlPlane,
+                                                                      kubelet: PodKubelet, lab: Any) -> None:
+    """No connection to the pod's kubelet: held until another pod is Ready.  No Ready pod
+    while one is restoring (kube32.io/restore-from): held until it is Ready.  No Ready
+    pod and nothing moving: 503 at once, as before."""
+    cp = control_plane
+    kubelet.mode = "ok"
+    add_node(lab, "gone", _closed_port())
+    add_pod(lab, "q1", "gone", app="b")
+    add_service(lab, "svc-b", app="b")
+
+    async def unreachable(c: Client) -> Any:
+        task = asyncio.ensure_future(call(c, "/api/v1/namespaces/default/services/svc-b/proxy/"))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        await asyncio.to_thread(add_pod, lab, "q2", "n1", "b")
+        return await task
+    status, _, text, _ = run(cp, unreachable)
+    assert status == 200 and kubelet.answered[-1]["path"] == "/pods/default/q2/http/"
+
+    add_pod(lab, "r1", "n1", app="c", ready=False, annotations={"kube32.io/restore-from": "r1-move"})
+    add_service(lab, "svc-c", app="c")
+
+    async def restoring(c: Client) -> Any:
+        task = asyncio.ensure_future(call(c, "/api/v1/namespaces/default/services/svc-c/proxy/"))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        await asyncio.to_thread(set_ready, lab, "r1", True)
+        return await task
+    status, _, _, _ = run(cp, restoring)
+    assert status == 200 and kubelet.answered[-1]["path"] == "/pods/default/r1/http/"
+
+    set_ready(lab, "p1", False)
+    status, headers, text, took = run(cp, lambda c: call(c, SVC))
+    assert status == 503 and took < 0.5 and b'no endpoints available for service \\"svc\\"' in text
+    assert headers.get("Retry-After") == "1"
