@@ -86,7 +86,7 @@ class HoldStats:
     """Counters of held requests (what a ``/metrics`` endpoint exposes)."""
     held: int = 0           # requests that waited in a queue
     sent: int = 0           # held requests a pod then answered
-    timed_out: int = 0      # held requests answered 503 at their bound
+    timed_out: int = 0      # held requests answered 503: the bound passed, or no pod was left
     not_holdable: int = 0   # refused requests that could not be held (queue or bytes full)
     gone: int = 0           # held requests whose client went away first
 
@@ -279,7 +279,10 @@ class Holds:
         queue = self.queues.get(target.key)
         if queue is None:
             queue = self.queues[target.key] = HoldQueue(self, target)
-        return await queue.hold(size, deadline, refusal or Refusal(error=no_pod()), send, relay)
+        if refusal is not None:
+            queue.refusal = refusal
+        # One that joins without asking would have had what the last one asking got.
+        return await queue.hold(size, deadline, refusal or queue.refusal or Refusal(error=no_pod()), send, relay)
 
     async def once(self, target: Target, sending: Awaitable[aiohttp.ClientResponse]) -> aiohttp.ClientResponse:
         """A request that cannot be held (its body streams): its answer as it comes,
@@ -350,7 +353,7 @@ class Holds:
         pods = ", ".join(sorted(ep.pods)[:5]) + (" ..." if len(ep.pods) > 5 else "")
         what = f"pod {pods}" if len(ep.pods) == 1 else f"pods {pods}" if ep.pods else "its pods"
         message = (f"Held {ep.held} request{'s' if ep.held != 1 else ''} while {what} could not take them "
-                   f"(frozen or moving): {ep.sent} sent on, {ep.timed_out} answered 503 at the bound; "
+                   f"(frozen or moving): {ep.sent} sent on, {ep.timed_out} answered 503 when the hold ended; "
                    f"longest hold {ep.longest_ms} ms")
         current = await self.registry.try_get(by_plural("services" if target.kind == "Service" else "pods"),
                                               target.namespace, target.name)
@@ -389,6 +392,7 @@ class HoldQueue:
         self.target = target
         self.waiting: list[_Held] = []          # by arrival (seq)
         self.busy: set[str] = set()             # pods (uid) with a held request in flight
+        self.refusal: Refusal | None = None     # the latest a pod gave one of these requests
         self.bytes = 0
         self.wake = asyncio.Event()
         self.task = asyncio.ensure_future(self._dispatch())
@@ -428,7 +432,7 @@ class HoldQueue:
                     holds.episode(target).sent += 1
                     return await relay(upstream)
                 assert why is not None
-                refusal = why
+                refusal = self.refusal = why
                 holds.episode(target).pods.add(pod["metadata"]["name"])
                 held.turn = asyncio.get_running_loop().create_future()
                 bisect.insort(self.waiting, held)   # back in its place: first of those after it

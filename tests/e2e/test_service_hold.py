@@ -187,7 +187,7 @@ def test_held_requests_go_in_arrival_order_once_the_pod_can_take_them(control_pl
     wait_for(lambda: held_events(cp), 15, what="a RequestsHeld event")
     ev = held_events(cp)[0]
     assert ev["type"] == "Normal" and ev["message"].startswith("Held 9 requests while pod p1 could not take them")
-    assert "9 sent on, 0 answered 503 at the bound" in ev["message"]
+    assert "9 sent on, 0 answered 503 when the hold ended" in ev["message"]
     described = cp.kubectl("describe", "service", "svc").stdout
     assert "RequestsHeld" in described and "Held 9 requests" in described, described
 
@@ -226,7 +226,7 @@ def test_the_bound_ends_with_the_503_the_request_would_have_had(control_plane: C
     assert 0.9 < took < 3, took
     wait_for(lambda: held_events(cp), 15, what="a RequestsHeld event")
     ev = held_events(cp)[0]
-    assert ev["type"] == "Warning" and "0 sent on, 1 answered 503 at the bound" in ev["message"], ev["message"]
+    assert ev["type"] == "Warning" and "0 sent on, 1 answered 503 when the hold ended" in ev["message"], ev["message"]
 
     # "0" holds nothing, and a client may shorten the bound (never lengthen it).
     cp.kubectl("annotate", "service", "svc", "kube32.io/hold-requests=0", "--overwrite")
@@ -410,6 +410,42 @@ def kubectl_proxy(cluster: ControlPlane) -> tuple[Any, str]:
     return proc, "http://" + line.split()[-1]
 
 
+# A pod whose every answer is its own 503 dressed as the kubelet's refusal of a frozen pod.
+FORGES_THE_MARK = """
+(module
+  (import "k32" "k32_resp_status" (func $status (param i32) (result i32)))
+  (import "k32" "k32_resp_header" (func $header (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 0) "X-Kube32-Not-Startedfrozen")
+  (data (i32.const 32) "Retry-After1")
+  (func (export "k32_handle")
+    (drop (call $status (i32.const 503)))
+    (drop (call $header (i32.const 0) (i32.const 20) (i32.const 20) (i32.const 6)))
+    (drop (call $header (i32.const 32) (i32.const 11) (i32.const 43) (i32.const 1)))))
+"""
+
+
+def test_a_pod_cannot_make_the_proxy_send_its_requests_again(cluster: ControlPlane, tmp_path: Any) -> None:
+    """The kubelet drops the mark from a pod's answer: the pod's own 503 comes back at once,
+    sent once, whatever headers the pod set."""
+    import wasmtime
+    wasm = tmp_path / "forger.wasm"
+    wasm.write_bytes(wasmtime.wat2wasm(FORGES_THE_MARK))
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(service("forger")))
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("forger", "sim-1", push(cluster, wasm)))
+    try:
+        wait_for(lambda: ready(cluster, "forger"), 30, what="forger Ready")
+        status, headers, _, took = run(cluster, lambda c: call(c, "/api/v1/namespaces/default/services/forger/proxy/"))
+        assert (status, headers.get("Retry-After"), MARK in headers) == (503, "1", False), headers
+        assert took < 1, took
+        status, headers, _, _ = run(cluster, lambda c: call(c, "/api/v1/namespaces/default/pods/forger/proxy/",
+                                                            headers={"Prefer": "wait=5"}))
+        assert status == 503 and MARK not in headers
+        assert not held_events(cluster, "Service", "forger")
+    finally:
+        cluster.kubectl("delete", "pod,service", "forger", "--wait=false")
+
+
 def test_moves_back_and_forth_fail_no_request_through_the_service_a_nodeport_and_kubectl_proxy(
         cluster: ControlPlane, image: str) -> None:
     cluster.kubectl("apply", "-f", "-", input=deployment("web", image, node_port=True))
@@ -516,7 +552,7 @@ def test_a_move_longer_than_the_bound_answers_503_with_retry_after(cluster: Cont
         assert status == 503 and headers.get("Retry-After") == "1", (status, headers, text)
         assert 1.9 < took < 4, took
         wait_for(lambda: held_events(cluster, "Service", "slowmove"), 15, what="a RequestsHeld event")
-        assert "1 answered 503 at the bound" in held_events(cluster, "Service", "slowmove")[0]["message"]
+        assert "1 answered 503 when the hold ended" in held_events(cluster, "Service", "slowmove")[0]["message"]
     finally:
         cluster.kubectl("delete", "pod,service", "slowmove", "--wait=false")
         worker.stop(signal.SIGKILL)

@@ -1,0 +1,188 @@
+"""The hold queue's bounds and bookkeeping on a real registry, with the kubelet faked
+(kube32.apiserver.hold): a full queue refuses with the request's own 503, a client that
+goes away frees its pod for the next request, a target with nothing left to wait for
+answers at once; and the annotation and ``Prefer: wait`` readings (kube32.holding)."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import pytest
+
+from kube32 import holding
+from kube32.apiserver import errors, hold
+from kube32.apiserver.registry import Registry
+from kube32.apiserver.resources import by_plural
+from kube32.apiserver.selectors import parse_label_selector
+from kube32.store import SQLiteStore
+
+PODS = by_plural("pods")
+
+
+class Upstream:
+    """What :meth:`KubeletProxy.send` returns, as much as the hold queue reads."""
+
+    def __init__(self, status: int, headers: dict[str, str] | None = None, body: bytes = b"") -> None:
+        self.status, self.headers, self.body = status, headers or {}, body
+        self.content = self
+
+    async def read(self, n: int = -1) -> bytes:
+        return self.body
+
+    def release(self) -> None:
+        pass
+
+
+FROZEN = {"Retry-After": "1", holding.NOT_STARTED: holding.FROZEN}
+
+
+async def set_ready(reg: Registry, name: str, ready: bool) -> None:
+    def fn(pod: dict) -> dict:
+        pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": str(ready)}]}
+        return pod
+    await reg.mutate(PODS, "default", name, fn, subresource="status")
+
+
+def with_holds(tmp_path: Path, body: Callable[[Registry, hold.Holds, hold.Target], Awaitable[None]]) -> None:
+    async def go() -> None:
+        store = await SQLiteStore.open(tmp_path / "s.db")
+        try:
+            reg = Registry(store)
+            await reg.create(by_plural("namespaces"), None, {"metadata": {"name": "default"}}, check_namespace=False)
+            await reg.create(PODS, "default", {"apiVersion": "v1", "kind": "Pod",
+                                               "metadata": {"name": "p1", "labels": {"app": "a"}},
+                                               "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}})
+            await set_ready(reg, "p1", True)
+            holds = hold.Holds(reg)
+            svc = {"metadata": {"name": "svc", "namespace": "default", "uid": "u"}}
+            target = hold.Target("Service", "default", "svc", parse_label_selector("app=a"), None, svc)
+            try:
+                await asyncio.wait_for(body(reg, holds, target), 20)
+            finally:
+                await holds.close()
+        finally:
+            await store.close()
+    asyncio.run(go())
+
+
+class Pod:
+    """The faked pod: refuses while frozen; else answers, or blocks while ``gate`` is clear."""
+
+    def __init__(self) -> None:
+        self.frozen = True
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.sent: list[str] = []
+
+    def send(self, name: str) -> Callable[[dict], Awaitable[Any]]:
+        async def send(pod: dict) -> Upstream:
+            if self.frozen:
+                return Upstream(503, dict(FROZEN), b"frozen\n")
+            self.sent.append(name)
+            await self.gate.wait()
+            return Upstream(200, {}, name.encode())
+        return send
+
+
+async def relay(upstream: Any) -> Any:
+    return upstream
+
+
+def no_pod() -> errors.APIError:
+    return errors.service_unavailable("no endpoints", retry_after=1)
+
+
+def test_a_full_queue_refuses_with_the_503_the_request_had(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hold, "MAX_QUEUED", 2)
+
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        pod = Pod()
+        tasks = []
+        for i in range(3):
+            tasks.append(asyncio.ensure_future(holds.serve(target, 10, 0, pod.send(f"r{i}"), relay, no_pod)))
+            await asyncio.sleep(0.05)
+        refused = tasks[2].result()
+        assert (refused.status, refused.body, refused.headers[holding.NOT_STARTED]) == (503, b"frozen\n", "frozen")
+        assert not tasks[0].done() and not tasks[1].done()
+        assert (holds.stats.held, holds.stats.not_holdable) == (2, 1)
+        pod.frozen = False
+        await set_ready(reg, "p1", True)   # a change of the pod wakes the queue
+        answers = await asyncio.gather(*tasks[:2])
+        assert [a.body for a in answers] == [b"r0", b"r1"] and pod.sent == ["r0", "r1"]
+        assert (holds.stats.sent, holds.stats.timed_out, holds.bytes_held) == (2, 0, 0)
+        assert holds.by_target[target.key].sent == 2
+    with_holds(tmp_path, body)
+
+
+def test_the_bytes_of_held_bodies_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hold, "MAX_TOTAL_BYTES", 1000)
+
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        pod = Pod()
+        first = asyncio.ensure_future(holds.serve(target, 10, 600, pod.send("a"), relay, no_pod))
+        await asyncio.sleep(0.05)
+        second = await holds.serve(target, 10, 600, pod.send("b"), relay, no_pod)
+        assert second.status == 503 and holds.stats.not_holdable == 1 and holds.bytes_held == 600
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        assert holds.bytes_held == 0 and holds.stats.gone == 1
+    with_holds(tmp_path, body)
+
+
+def test_a_client_that_goes_away_frees_its_pod_for_the_next(tmp_path: Path) -> None:
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        pod = Pod()
+        a = asyncio.ensure_future(holds.serve(target, 10, 0, pod.send("a"), relay, no_pod))
+        await asyncio.sleep(0.05)
+        b = asyncio.ensure_future(holds.serve(target, 10, 0, pod.send("b"), relay, no_pod))
+        c = asyncio.ensure_future(holds.serve(target, 10, 0, pod.send("c"), relay, no_pod))
+        await asyncio.sleep(0.05)
+        pod.frozen = False
+        pod.gate.clear()                   # "a" reaches the pod and hangs there
+        await set_ready(reg, "p1", True)
+        for _ in range(100):
+            if pod.sent:
+                break
+            await asyncio.sleep(0.01)
+        assert pod.sent == ["a"], "one at a time: b waits for a's answer"
+        b.cancel()                         # b's client goes away while it waits its turn
+        a.cancel()                         # a's client goes away while the pod has it
+        await asyncio.gather(a, b, return_exceptions=True)
+        pod.gate.set()
+        assert (await c).body == b"c" and pod.sent == ["a", "c"]
+        assert holds.stats.gone == 2
+        for _ in range(100):
+            if not holds.queues:
+                break
+            await asyncio.sleep(0.01)
+        assert not holds.queues, "a queue with nothing held ends"
+    with_holds(tmp_path, body)
+
+
+def test_a_target_with_nothing_left_to_wait_for_answers_at_once(tmp_path: Path) -> None:
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        pod = Pod()
+        task = asyncio.ensure_future(holds.serve(target, 10, 0, pod.send("a"), relay, no_pod))
+        await asyncio.sleep(0.1)
+        assert not task.done()
+        await reg.delete(PODS, "default", "p1", options={"gracePeriodSeconds": 0})
+        answer = await asyncio.wait_for(task, 3)
+        assert answer.status == 503 and answer.body == b"frozen\n" and holds.stats.timed_out == 1
+    with_holds(tmp_path, body)
+
+
+def test_the_bound_and_the_wait_preference_are_read_strictly() -> None:
+    assert holding.hold_seconds(None) == holding.DEFAULT_HOLD_SECONDS == 10
+    assert holding.hold_seconds({"kube32.io/hold-requests": "2500ms"}) == 2.5
+    assert holding.hold_seconds({"kube32.io/hold-requests": "3"}) == 3
+    assert holding.hold_seconds({"kube32.io/hold-requests": "0"}) == 0
+    assert holding.hold_seconds({"kube32.io/hold-requests": "soon"}) == 10   # stored before it was checked
+    for bad, why in (("soon", "is not a duration"), ("61s", "more than the longest hold"), ("-1", "not a duration")):
+        with pytest.raises(ValueError, match=why):
+            holding.parse_hold(bad)
+    assert holding.prefer_wait(["respond-async, wait=5"]) == 5
+    assert holding.prefer_wait(["wait=100000"]) == holding.MAX_HOLD_SECONDS
+    assert holding.prefer_wait(["wait=soon"]) is None
+    assert holding.prefer_wait(["handling=strict", "Wait = 2"]) == 2
+    assert holding.prefer_wait([]) is None
