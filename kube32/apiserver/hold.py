@@ -497,6 +497,8 @@ class HoldQueue:
                     if free:
                         start = next(holds._rr)
                         for i in range(len(free)):
+                            while self.waiting and self.waiting[0].turn.done():
+                                self.waiting.pop(0)   # at its deadline: it answers on its own
                             if not self.waiting:
                                 break
                             pod = free[(start + i) % len(free)]
