@@ -21,10 +21,13 @@ one copy a second send needs.
 
 Order.  Each target with held requests has one :class:`HoldQueue`, first in first
 out.  While it exists every new request for the target joins it, so none overtakes a
-held one.  Its dispatcher hands the head to a Ready pod that has no held request in
-flight: to one pod the held requests go one at a time, in arrival order, each once
-the one before it was answered (its status line came back) - the pod runs them in
-that order.  Pods of a Service with several Ready pods take them side by side.
+held one.  Its dispatcher hands the requests, first come first, to the Ready pods in
+turn, each pod up to :data:`WINDOW` in flight (the rest wait for one of those to be
+answered).  Not one at a time: with a round trip of 20-150 ms on a loaded control
+plane, one at a time drains slower than 100 requests/s arrive, and the queue, which
+every new request joins, would never empty (bench_service_hold).  Requests in flight
+together come from different clients, with no order between them; one client's
+requests on one connection are sequential anyway (the next is read after the answer).
 
 Bounds.  A held request waits until its deadline (the target's bound from when it
 arrived), then gets the 503 it would have had: the kubelet's refusal as it came, or
@@ -71,6 +74,7 @@ Obj = dict[str, Any]
 
 MAX_BODY = 64 << 10             # a body up to this is read whole and may be held
 MAX_QUEUED = 1024               # held requests per target
+WINDOW = 16                     # held requests in flight to one pod at once
 MAX_QUEUED_BYTES = 4 << 20      # bytes of held bodies per target
 MAX_TOTAL_BYTES = 32 << 20      # bytes of held bodies, every target
 RETRY_REFUSED = 0.5             # s before a pod that refused, and did not change, is asked again
@@ -391,10 +395,11 @@ class HoldQueue:
         self.holds = holds
         self.target = target
         self.waiting: list[_Held] = []          # by arrival (seq)
-        self.busy: set[str] = set()             # pods (uid) with a held request in flight
+        self.busy: dict[str, int] = {}          # pod uid -> held requests in flight to it
         self.refusal: Refusal | None = None     # the latest a pod gave one of these requests
         self.bytes = 0
         self.wake = asyncio.Event()
+        self.changed = True                     # the pods or Checkpoints changed since the last look
         self.task = asyncio.ensure_future(self._dispatch())
 
     # --- the request's side ---------------------------------------------------------
@@ -463,17 +468,20 @@ class HoldQueue:
     def _sent(self, held: _Held) -> None:
         """The pod ``held`` went to answered, refused or failed: it may take the next."""
         if held.granted is not None:
-            self.busy.discard(held.granted["metadata"].get("uid", ""))
+            uid = held.granted["metadata"].get("uid", "")
+            self.busy[uid] -= 1
+            if not self.busy[uid]:
+                del self.busy[uid]
             held.granted = None
         self.wake.set()
 
     # --- the dispatcher ---------------------------------------------------------------
     def _free(self, pods: list[Obj], now: float) -> tuple[list[Obj], float | None]:
-        """Ready pods with nothing held in flight that did not just refuse; and when the
-        next refusal expires."""
+        """Ready pods with room for another held request that did not just refuse; and
+        when the next refusal expires."""
         free, expires = [], None
         for pod in ready_pods(pods):
-            if pod["metadata"].get("uid", "") in self.busy:
+            if self.busy.get(pod["metadata"].get("uid", ""), 0) >= WINDOW:
                 continue
             left = self.holds.refusing(pod, now)
             if left is not None:
@@ -482,30 +490,42 @@ class HoldQueue:
             free.append(pod)
         return free, expires
 
+    def _grant(self, free: list[Obj], start: int) -> None:
+        """Hand the waiting requests, first come first, to the free pods in turn, each
+        pod up to :data:`WINDOW` in flight."""
+        i = 0
+        while free and self.waiting:
+            held = self.waiting.pop(0)
+            if held.turn.done():
+                continue   # at its deadline: it answers on its own
+            pod = free[(start + i) % len(free)]
+            uid = pod["metadata"].get("uid", "")
+            self.busy[uid] = self.busy.get(uid, 0) + 1
+            if self.busy[uid] >= WINDOW:
+                free.remove(pod)
+            else:
+                i += 1
+            held.granted = pod
+            held.turn.set_result(pod)
+
     async def _dispatch(self) -> None:
         holds, target = self.holds, self.target
         watches: list[asyncio.Task] = []
+        pods: list[Obj] = []
         try:
             while self.waiting or self.busy:
                 self.wake.clear()
                 timeout = 1.0
                 if self.waiting:
-                    pods, rev = await holds.pods(target)
-                    if not watches:
-                        watches = [asyncio.ensure_future(self._watch(kind, rev)) for kind in ("pods", "checkpoints")]
+                    if self.changed:   # else the last look still holds: a request ended or came
+                        self.changed = False
+                        pods, rev = await holds.pods(target)
+                        if not watches:
+                            watches = [asyncio.ensure_future(self._watch(kind, rev))
+                                       for kind in ("pods", "checkpoints")]
                     free, expires = self._free(pods, time.monotonic())
                     if free:
-                        start = next(holds._rr)
-                        for i in range(len(free)):
-                            while self.waiting and self.waiting[0].turn.done():
-                                self.waiting.pop(0)   # at its deadline: it answers on its own
-                            if not self.waiting:
-                                break
-                            pod = free[(start + i) % len(free)]
-                            held = self.waiting.pop(0)
-                            self.busy.add(pod["metadata"].get("uid", ""))
-                            held.granted = pod
-                            held.turn.set_result(pod)
+                        self._grant(free, next(holds._rr))
                     elif not pods and not await holds.moving(target, pods):
                         self._give_up()   # nothing left to wait for: the 503 now
                     if expires is not None:
@@ -539,6 +559,7 @@ class HoldQueue:
             try:
                 async for _ in self.holds.registry.watch(res, target.namespace, labels, fields,
                                                         str(rev) if rev else None):
+                    self.changed = True
                     self.wake.set()
             except asyncio.CancelledError:
                 raise
@@ -546,4 +567,5 @@ class HoldQueue:
                 log.debug("hold watch of %s in %s ended: %s", plural, target.namespace, e)
             await asyncio.sleep(0.2)
             _, rev = await self.holds.registry.list(res, target.namespace, labels, fields)
+            self.changed = True
             self.wake.set()

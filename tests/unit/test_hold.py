@@ -115,6 +115,53 @@ def test_a_full_queue_refuses_with_the_503_the_request_had(tmp_path: Path, monke
     with_holds(tmp_path, body)
 
 
+@pytest.mark.parametrize("window", [1, 16])
+def test_held_requests_go_first_come_first_and_none_overtakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              window: int) -> None:
+    """Handed to the pod in the order they came, up to the window in flight; one that
+    comes once the pod can take requests again goes after them."""
+    monkeypatch.setattr(hold, "WINDOW", window)
+
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        pod = Pod()
+        tasks = []
+        for i in range(5):
+            tasks.append(asyncio.ensure_future(holds.serve(target, 10, 0, pod.send(f"r{i}"), relay, no_pod)))
+            await asyncio.sleep(0.02)
+        pod.frozen = False                 # the pod runs again; its status does not say so yet
+        tasks.append(asyncio.ensure_future(holds.serve(target, 10, 0, pod.send("late"), relay, no_pod)))
+        await asyncio.sleep(0.02)
+        assert pod.sent == [], "the late one waits behind the held ones"
+        await set_ready(reg, "p1", True)
+        answers = await asyncio.gather(*tasks)
+        assert pod.sent == ["r0", "r1", "r2", "r3", "r4", "late"]
+        assert [a.body for a in answers] == [b"r0", b"r1", b"r2", b"r3", b"r4", b"late"]
+    with_holds(tmp_path, body)
+
+
+def test_a_pod_takes_at_most_the_window_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hold, "WINDOW", 3)
+
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        pod = Pod()
+        tasks = [asyncio.ensure_future(holds.serve(target, 10, 0, pod.send(f"r{i}"), relay, no_pod))
+                 for i in range(5)]
+        await asyncio.sleep(0.05)
+        pod.frozen = False
+        pod.gate.clear()
+        await set_ready(reg, "p1", True)
+        for _ in range(100):
+            if len(pod.sent) == 3:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert pod.sent == ["r0", "r1", "r2"], "two wait for one of the three to be answered"
+        pod.gate.set()
+        await asyncio.gather(*tasks)
+        assert pod.sent == [f"r{i}" for i in range(5)]
+    with_holds(tmp_path, body)
+
+
 def test_the_bytes_of_held_bodies_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hold, "MAX_TOTAL_BYTES", 1000)
 
@@ -130,7 +177,9 @@ def test_the_bytes_of_held_bodies_are_bounded(tmp_path: Path, monkeypatch: pytes
     with_holds(tmp_path, body)
 
 
-def test_a_client_that_goes_away_frees_its_pod_for_the_next(tmp_path: Path) -> None:
+def test_a_client_that_goes_away_frees_its_pod_for_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hold, "WINDOW", 1)
+
     async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
         pod = Pod()
         a = asyncio.ensure_future(holds.serve(target, 10, 0, pod.send("a"), relay, no_pod))
@@ -145,7 +194,7 @@ def test_a_client_that_goes_away_frees_its_pod_for_the_next(tmp_path: Path) -> N
             if pod.sent:
                 break
             await asyncio.sleep(0.01)
-        assert pod.sent == ["a"], "one at a time: b waits for a's answer"
+        assert pod.sent == ["a"], "a window of one: b waits for a's answer"
         b.cancel()                         # b's client goes away while it waits its turn
         a.cancel()                         # a's client goes away while the pod has it
         await asyncio.gather(a, b, return_exceptions=True)
