@@ -20,6 +20,8 @@ TRIGGER = "kube32.io/trigger"           # label: periodic, eviction, memory-pres
 PLACEMENT = "kube32.io/placement"       # "fastest"
 CHECKPOINT_INTERVAL = "kube32.io/checkpoint-interval"
 INTERP_MOPS = "kube32.io/interp-mops"
+# Node annotation: the machine and engine a measured interp-mops figure comes from.
+INTERP_MOPS_MEASURED_ON = "kube32.io/interp-mops-measured-on"
 POLICIES = ("OnDrain", "Never", "Auto")
 BLOCKING_CAPABILITIES = ("DISPLAY", "KEYBOARD", "SPEAKER", "SD", "CHIP_TEMP")
 ENTRY_POINTS = ("_start", "app_main", "main")

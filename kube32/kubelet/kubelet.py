@@ -36,7 +36,9 @@ from aiohttp import web
 
 from ..aio import wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
+from ..movability import INTERP_MOPS_MEASURED_ON
 from ..wasm import ChannelRegistry, Module, Pod, PodConfig, Runtime
+from ..wasm.runtime import CONFIG_TAG as RUNTIME_ENGINE
 from ..wasm.abi import MAX_HELD_EVENTS
 from . import node as nodeinfo
 from . import join as node_join
@@ -120,7 +122,12 @@ class Kubelet:
     async def start(self) -> None:
         o = self.options
         self.loop = asyncio.get_running_loop()
-        self.interp_mops = o.interp_mops if o.interp_mops is not None else await asyncio.to_thread(self.runtime.measure_mops)
+        measured = None
+        if o.interp_mops is not None:
+            self.interp_mops = o.interp_mops
+        else:
+            self.interp_mops = await asyncio.to_thread(self.runtime.measure_mops)
+            measured = nodeinfo.measured_on(RUNTIME_ENGINE)
         ssl_ctx = None
         if o.join:
             creds = await node_join.join(self.client, o.node_name, [self.ip, o.host, "localhost"],
@@ -136,7 +143,7 @@ class Kubelet:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.facts = nodeinfo.NodeFacts(o.node_name, self.ip, self.port, o.profile, o.heap_bytes,
                                         o.driver_bytes, tuple(o.devices), o.max_pods, o.control_plane,
-                                        self.interp_mops, str(uuid.uuid4()))
+                                        self.interp_mops, str(uuid.uuid4()), measured)
         await self._register()
         self.informer.add_handler(lambda *_: self._reconcile())
         self._tasks += [self.informer.start(),
@@ -211,8 +218,11 @@ class Kubelet:
             if e.code != 409:
                 raise
             md = obj["metadata"]
+            # A merge patch keeps what it does not name: a figure given now drops the
+            # machine an earlier boot measured on.
+            annotations = {INTERP_MOPS_MEASURED_ON: None, **md["annotations"]}
             out = await self.client.patch(NODES, self.options.node_name,
-                                          {"metadata": {"labels": md["labels"], "annotations": md["annotations"]}})
+                                          {"metadata": {"labels": md["labels"], "annotations": annotations}})
             out = await self.client.patch(NODES, self.options.node_name, {"status": obj["status"]},
                                           subresource="status")
         self.node_uid = out["metadata"].get("uid")

@@ -8,18 +8,28 @@
   nodeInfo with every field filled (the kubernetes Python client refuses a
   nodeInfo with missing fields), conditions Ready, MemoryPressure (True when the
   free heap is below :data:`MEMORY_PRESSURE_BYTES`), DiskPressure, PIDPressure.
-* Annotations: ``kube32.io/free-heap`` (bytes) and ``kube32.io/interp-mops``.
+* Annotations: ``kube32.io/free-heap`` (bytes), ``kube32.io/interp-mops`` and, when
+  the kubelet measured that figure, ``kube32.io/interp-mops-measured-on``: a digest
+  of the machine and the engine it measured on (:func:`measured_on`).  Nodes that
+  measured on one machine with one engine run the same code on the same CPU, so the
+  placement policy counts them as equally fast whatever their figures say.
 * The Lease ``kube-node-lease/<node>`` is this node's heartbeat.
 """
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import platform
+import socket
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..movability import INTERP_MOPS_MEASURED_ON
+
 MEMORY_PRESSURE_BYTES = 24 << 10
+# Where this machine's identity comes from, in order (the first one readable).
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id", "/proc/sys/kernel/random/boot_id")
 KUBELET_VERSION = "v1.32.4-kube32"
 RUNTIME_VERSION = "wasmtime://50.0.1"
 
@@ -45,6 +55,24 @@ class NodeFacts:
     control_plane: bool
     interp_mops: float
     boot_id: str
+    measured_on: str | None = None  # measured_on() when the kubelet measured interp_mops
+
+
+def measured_on(engine: str) -> str:
+    """This machine and ``engine`` as 16 hex digits.  The machine ID is hashed with a
+    prefix of Kube32's own, as machine-id(5) asks of IDs shown to others."""
+    machine = ""
+    for path in MACHINE_ID_FILES:
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                machine = f.read().strip()
+        except OSError:
+            continue
+        if machine:
+            break
+    machine = machine or socket.gethostname()
+    text = "\0".join(("kube32.io/interp-mops", machine, platform.machine(), engine))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def node_labels(f: NodeFacts) -> dict[str, str]:
@@ -57,8 +85,11 @@ def node_labels(f: NodeFacts) -> dict[str, str]:
 
 
 def node_annotations(f: NodeFacts, free_heap: int) -> dict[str, str]:
-    return {"kube32.io/free-heap": str(free_heap), "kube32.io/interp-mops": f"{f.interp_mops:.2f}",
-            "kube32.io/kubelet-scheme": "http"}
+    out = {"kube32.io/free-heap": str(free_heap), "kube32.io/interp-mops": f"{f.interp_mops:.2f}",
+           "kube32.io/kubelet-scheme": "http"}
+    if f.measured_on:
+        out[INTERP_MOPS_MEASURED_ON] = f.measured_on
+    return out
 
 
 def _resources(f: NodeFacts) -> dict[str, str]:

@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--workers", type=int, default=2, help="number of workers sim-1 ... sim-N (default 2)")
     up.add_argument("--data-dir", type=Path, required=True, help="the control plane's data directory")
     up.add_argument("--port", type=int, default=6443, help="API server port (0 = any free port)")
-    up.add_argument("--interp-mops", help="interpreter speed every node reports instead of measuring it")
+    up.add_argument("--interp-mops", help="interpreter speed every node reports instead of its profile's or a measured one")
     up.add_argument("--lease-interval", help="seconds between Lease renewals on every node")
     up.add_argument("--backoff", help="first restart back-off in seconds on every node")
     add_control_plane_timings(up, forward=True)

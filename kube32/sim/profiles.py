@@ -1,9 +1,11 @@
 """Node profiles for the sim: what a board offers its pods.
 
-A profile supplies the default heap, the drivers' share of it, the devices and
-the pod capacity; the interpreter speed is measured at boot (``--interp-mops``
-overrides it), so ``interp_mops`` here is only the board's reference figure for
-documentation and ``kubectl describe`` readers.
+A profile supplies the default heap, the drivers' share of it, the devices, the
+pod capacity and the interpreter speed the node reports (``kube32.io/interp-mops``).
+A board profile reports the board's modelled speed (``modelled_mops``): the sim runs
+on this machine's CPU, not the board's, and two nodes of one board profile must never
+look apart.  ``laptop`` has none: its kubelet measures this machine at boot.
+``--interp-mops`` overrides either.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ class Profile:
     driver_bytes: int
     devices: tuple[str, ...]
     max_pods: int
-    reference_mops: float | None
+    modelled_mops: float | None  # None: measured at boot
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (

@@ -32,7 +32,8 @@ def add_node_flags(p: argparse.ArgumentParser, *, default_profile: str, port_fla
                    help=f"board profile: default heap, devices and pod capacity (default {default_profile})")
     p.add_argument("--heap", help="heap size, e.g. 512Ki, 8Mi (default: the profile's)")
     p.add_argument("--devices", help="comma-separated devices, e.g. display,keyboard (default: the profile's)")
-    p.add_argument("--interp-mops", type=float, help="interpreter speed to report instead of measuring it")
+    p.add_argument("--interp-mops", type=float,
+                   help="interpreter speed to report instead of the profile's (measured at boot for laptop)")
     p.add_argument("--lease-interval", type=float, default=10.0, help="seconds between Lease renewals")
     p.add_argument("--status-interval", type=float, default=10.0, help="seconds between node status reports")
     p.add_argument("--backoff", type=float, default=10.0, help="first restart back-off in seconds (doubles to 300)")
@@ -52,7 +53,8 @@ def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool 
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices is not None else prof.devices
     return KubeletOptions(node_name=name, host=args.address, port=args.kubelet_port, profile=prof.name, heap_bytes=heap,
                           driver_bytes=prof.driver_bytes if not args.heap else min(prof.driver_bytes, heap // 4),
-                          devices=devices, max_pods=prof.max_pods, interp_mops=args.interp_mops,
+                          devices=devices, max_pods=prof.max_pods,
+                          interp_mops=args.interp_mops if args.interp_mops is not None else prof.modelled_mops,
                           control_plane=control_plane, lease_interval=args.lease_interval,
                           status_interval=args.status_interval, backoff_base=args.backoff,
                           data_dir=data_dir, faults=tuple(args.fault))

@@ -13,7 +13,7 @@ Public API (the kubelet codes against exactly this)::
         # ImageError("image digest mismatch: expected ..., got ..."), or naming why the
         # module is no pod: not Wasm, does not compile, import outside the ABI,
         # wrong export signature, no k32_handle/k32_tick/k32_event/_start/app_main/main
-    rt.measure_mops() -> float            # fixed i32 kernel, ~0.3 s: kube32.io/interp-mops
+    rt.measure_mops() -> float            # fixed i32 kernel, best of 5 in CPU time: kube32.io/interp-mops
     rt.close()
 
     pod = Pod(rt, mod, PodConfig(namespace, name, container, env, topics, tick_interval_ms,
