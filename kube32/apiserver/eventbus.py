@@ -12,6 +12,8 @@ Invariants:
   and nobody else (pods hold at most a few events themselves while frozen).
 * A slow subscriber never slows a publisher: each has a bounded queue, and events
   that do not fit are dropped for that subscriber and counted.
+* :meth:`EventBus.close` (the API server stopping) ends every subscription's stream
+  and refuses new ones (503), so no subscriber holds the server up.
 """
 from __future__ import annotations
 
@@ -30,11 +32,15 @@ QUEUE_LIMIT = 1024
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$")
 
 
+END = b""  # queued to a subscription: its stream ends
+
+
 class EventBus:
     def __init__(self) -> None:
         self._subscribers: set[asyncio.Queue[bytes]] = set()
         self.dropped = 0
         self.published = 0
+        self.closed = False
 
     def publish(self, namespace: str, topic: str, payload: bytes, source: str = "") -> int:
         line = json.dumps({"namespace": namespace, "topic": topic, "source": source,
@@ -56,6 +62,14 @@ class EventBus:
 
     def unsubscribe(self, q: asyncio.Queue[bytes]) -> None:
         self._subscribers.discard(q)
+
+    def close(self) -> None:
+        """End every subscription (its stream ends after the events queued before)."""
+        self.closed = True
+        for q in list(self._subscribers):
+            if q.full():
+                q.get_nowait()  # a subscriber this far behind loses one more event, not the end
+            q.put_nowait(END)
 
 
 def add_routes(router: web.UrlDispatcher, bus: EventBus,
@@ -84,6 +98,8 @@ def add_routes(router: web.UrlDispatcher, bus: EventBus,
         return web.Response(body=json.dumps(body).encode(), status=201, content_type="application/json")
 
     async def subscribe(request: web.Request) -> web.StreamResponse:
+        if bus.closed:
+            raise errors.service_unavailable("the API server is stopping", retry_after=1)
         q = bus.subscribe()
         resp = web.StreamResponse(headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
         resp.enable_chunked_encoding()
@@ -92,12 +108,14 @@ def add_routes(router: web.UrlDispatcher, bus: EventBus,
             # A first line tells the subscriber it is connected (nothing published
             # before it can reach it, so clients wait for this before relying on it).
             await resp.write(b'{"type":"SUBSCRIBED"}\n')
-            while True:
-                await resp.write(await q.get())
+            while (line := await q.get()) != END:
+                await resp.write(line)
+            await resp.write_eof()
         except (ConnectionResetError, RuntimeError):
-            return resp
+            pass
         finally:
             bus.unsubscribe(q)
+        return resp
 
     router.add_post("/apis/kube32.io/v1/namespaces/{ns}/topics/{topic:.+}", publish)
     router.add_get("/apis/kube32.io/v1/topicevents", subscribe)

@@ -6,6 +6,12 @@ watched here until its container runs: then the annotation goes (a later restart
 starts afresh) and a Restored event names the checkpoint and its age.  A restore
 that fails ends the pod Failed (the kubelet does that); the pod is then replaced,
 in one write, without the annotation, so it starts afresh.  Keys are pods.
+
+The fresh start stays on the node the pod was bound to (``spec.nodeName``, whether a
+user named it or the scheduler or a rollback bound it) while that node is Ready and
+not cordoned: a fresh start needs nothing of the snapshot the restore failed on, and a
+Kubernetes container that fails starts again where it is.  On a node that is gone, not
+Ready or cordoned, the replacement has no node and the scheduler binds it.
 """
 from __future__ import annotations
 
@@ -14,10 +20,11 @@ import time
 from typing import Any
 
 from .. import movability
-from ..client import CHECKPOINTS, PODS, ApiError
+from ..client import CHECKPOINTS, NODES, PODS, ApiError
 from .base import Controller, key_of
 from .checkpoint import replacement_of
 from .podutil import all_running, parse_time
+from .scheduler import node_ready
 
 log = logging.getLogger("kube32.restore")
 Obj = dict[str, Any]
@@ -46,6 +53,7 @@ class RestoreController(Controller):
         super().__init__(ctx)
         self.pods = ctx.informers.get(PODS)
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
+        self.nodes = ctx.informers.get(NODES)
 
     def setup(self) -> None:
         self.pods.add_handler(lambda t, pod, old: restore_from(pod) and self.queue.add(key_of(pod)))
@@ -89,16 +97,26 @@ class RestoreController(Controller):
         await self.recorder.record(pod, "Normal", "Restored",
                                    f"Restored on {where} from checkpoint {ck_name}, taken {age} ago")
 
+    def _fresh_node(self, pod: Obj) -> str | None:
+        """The node a fresh start stays on: the pod's own while it takes pods, else None."""
+        name = (pod.get("spec") or {}).get("nodeName")
+        node = self.nodes.get(name) if name else None
+        if node is None or not node_ready(node) or (node.get("spec") or {}).get("unschedulable"):
+            return None
+        return name
+
     async def _start_afresh(self, pod: Obj, ck_name: str, states: list[Obj]) -> None:
         why = next((s["terminated"].get("message") for s in states if "terminated" in s), "") or \
             (pod.get("status") or {}).get("message") or "the restore failed"
         md = pod["metadata"]
+        node = self._fresh_node(pod)
         try:
-            await self.client.post_subresource(PODS, md["name"], "replacement", replacement_of(pod, None, None),
+            await self.client.post_subresource(PODS, md["name"], "replacement", replacement_of(pod, node, None),
                                                md["namespace"], params={"uid": md["uid"]})
         except ApiError as e:
             if e.code in (404, 409):
                 return
             raise
         await self.recorder.record(pod, "Warning", "MoveFailed",
-                                   f"Could not restore from checkpoint {ck_name} ({why}); the pod starts afresh")
+                                   f"Could not restore from checkpoint {ck_name} ({why}); the pod starts afresh"
+                                   + (f" on {node}" if node else ""))

@@ -1,7 +1,9 @@
 """The Kubelet: one node's agent.
 
 ``Kubelet(client, options)``; ``await start()`` measures the interpreter (unless
-given), opens the endpoint, registers the Node, starts the Lease, the pod
+given), opens the endpoint, registers the Node (a Node of its name that exists is
+taken over, and what its last self-drain did is undone: kube32.kubelet.drain.rejoin),
+starts the Lease, the pod
 informer (``fieldSelector spec.nodeName=<node>``), the Checkpoint informer of moves
 toward the node (kube32.kubelet.prefetch), the topic subscription and the
 status loop; ``await stop()`` stops every pod and marks the Node NotReady.
@@ -34,12 +36,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ..aio import wait_set
+from ..aio import SHUTDOWN_GRACE_SECONDS, wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
 from ..movability import INTERP_MOPS_MEASURED_ON
 from ..wasm import ChannelRegistry, Module, Pod, PodConfig, Runtime
 from ..wasm.runtime import CONFIG_TAG as RUNTIME_ENGINE
 from ..wasm.abi import MAX_HELD_EVENTS
+from . import drain
 from . import node as nodeinfo
 from . import join as node_join
 from . import migration
@@ -136,7 +139,8 @@ class Kubelet:
                 ssl_ctx = server_ssl(node_join.server_context(
                     creds, o.data_dir if o.data_dir and o.data_dir.is_dir() else None), creds.ca)
         self.scheme = "https" if ssl_ctx is not None else "http"
-        self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=SHUTDOWN_GRACE_SECONDS)
         await self._runner.setup()
         site = web.TCPSite(self._runner, o.host, o.port, reuse_address=True, ssl_context=ssl_ctx)
         await site.start()
@@ -225,6 +229,7 @@ class Kubelet:
                                           {"metadata": {"labels": md["labels"], "annotations": annotations}})
             out = await self.client.patch(NODES, self.options.node_name, {"status": obj["status"]},
                                           subresource="status")
+            await drain.rejoin(self.client, self.options.node_name)
         self.node_uid = out["metadata"].get("uid")
 
     async def _write_node_status(self) -> None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
+from ..aio import SHUTDOWN_GRACE_SECONDS
 from ..client import SERVICES, Informer
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class NodePorts:
     async def _listen(self, port: int, target: tuple[str, str, int]) -> None:
         app = web.Application(client_max_size=16 << 20)
         app.router.add_route("*", "/{path:.*}", self._forwarder(target))
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_SECONDS)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.kl.ip, port, reuse_address=True).start()

@@ -4,7 +4,9 @@ scheduler, the controllers and a kubelet for the control plane's own node).
 Startup order: open the store under ``--data-dir``, load or create the tokens,
 listen (port 0 picks a free port), then write the kubeconfigs with the real
 address, so a kubeconfig never names a port nobody listens on.  SIGINT/SIGTERM
-stop it cleanly: the listener closes, open watches end, the store closes.
+stop it cleanly, workers connected or not: the listener closes, open watches and
+topic subscriptions end, the store closes, and a request still running after
+``SHUTDOWN_GRACE_SECONDS`` (a followed log, a proxied stream) is cancelled.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..aio import SHUTDOWN_GRACE_SECONDS
 from ..apiserver import pki, podreplacement
 from ..apiserver.auth import (APISERVER, BOOTSTRAP_USER, KUBELET_CLIENT, load_or_create_tokens,
                               read_token_file, write_kubeconfigs)
@@ -93,7 +96,8 @@ class ControlPlane:
         await self.server.ensure_defaults()
         CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))
         podreplacement.install(self.server)
-        self.runner = web.AppRunner(self.server.app, handler_cancellation=True, access_log=None)
+        self.runner = web.AppRunner(self.server.app, handler_cancellation=True, access_log=None,
+                                    shutdown_timeout=SHUTDOWN_GRACE_SECONDS)
         await self.runner.setup()
         ssl_ctx, ca_pem = None, None
         if not self.opts.insecure_http:

@@ -3,8 +3,9 @@
 It reads the API server's address and the node bootstrap token from a kubeconfig
 (``<data-dir>/node.kubeconfig`` of the control plane; ``--server`` overrides the
 address), runs a :class:`~kube32.kubelet.Kubelet` with the options of its profile
-and flags, and stops cleanly on SIGINT/SIGTERM: its pods stop and its Node is
-marked NotReady (self-drain comes with the drain work).
+and flags, and stops cleanly on SIGINT/SIGTERM: it drains itself
+(kube32.kubelet.drain), its pods stop and its Node is marked NotReady.  Started again
+under the same name, its kubelet undoes that drain.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from tests.conftest import ROOT, ControlPlane, Proc, sim_command, start, wait_for
+from tests.conftest import ROOT, ControlPlane, Proc, sim_command, start, start_control_plane, wait_for
 from tests.e2e.helpers import get_json, push
 from tests.e2e.test_moves import counter_pod, running
 
@@ -80,3 +80,90 @@ def test_identical_workers_measure_alike_under_load_and_a_placement_pod_stays(co
     finally:
         for p in procs:
             p.stop(signal.SIGKILL)
+
+
+# --- stopping and starting again -----------------------------------------------------------
+
+def test_the_control_plane_stops_on_sigterm_with_workers_and_streams_connected(tmp_path: Path) -> None:
+    """Workers hold a topic subscription, watches and (here) a followed log through the
+    API server; none of them keeps the control plane from stopping."""
+    cp = start_control_plane(tmp_path / "cp", "--interp-mops", "5")
+    board = worker(cp, "board", "127.0.0.23", "--interp-mops", "5")
+    follow = None
+    try:
+        ready(cp, "board")
+        image = push(cp, COUNTER)
+        cp.kubectl("apply", "-f", "-", input=counter_pod("talker", "board", image))
+        running(cp, "talker")
+        follow = cp.kubectl_bg("logs", "-f", "talker")
+        watch = cp.kubectl_bg("get", "pods", "--watch")
+        time.sleep(1)
+        assert follow.poll() is None and watch.poll() is None
+        started = time.monotonic()
+        code = cp.proc.stop(signal.SIGTERM, timeout=30)
+        took = time.monotonic() - started
+        assert code == 0 and took < 10, (code, took, cp.proc.output()[-2000:])
+        assert "kube32 control plane stopping" in cp.proc.output()
+        for client in (follow, watch):
+            client.wait(10)  # the streams ended with the server
+    finally:
+        for p in (follow,):
+            if p is not None and p.poll() is None:
+                p.kill()
+        board.stop(signal.SIGKILL)
+        cp.proc.stop(signal.SIGKILL)
+
+
+def node_marks(cp: ControlPlane, name: str) -> tuple[bool, dict]:
+    node = get_json(cp, "node", name)
+    ann = node["metadata"].get("annotations") or {}
+    return bool(node["spec"].get("unschedulable")), {k: v for k, v in ann.items() if k.startswith("kube32.io/left")}
+
+
+def test_a_worker_that_starts_again_undoes_its_own_cordon_and_keeps_a_users(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    board = worker(cp, "returner", "127.0.0.24", "--interp-mops", "5")
+    try:
+        ready(cp, "returner")
+        assert board.stop(signal.SIGTERM, timeout=40) == 0
+        cordoned, marks = node_marks(cp, "returner")
+        assert cordoned and marks["kube32.io/left"] == "true"
+        board = worker(cp, "returner", "127.0.0.24", "--interp-mops", "5")
+        ready(cp, "returner")
+        assert wait_for(lambda: node_marks(cp, "returner") == (False, {}), 10, what="the drain undone")
+        assert "SchedulingDisabled" not in cp.kubectl("get", "node", "returner").stdout
+
+        # A user's cordon, made before the worker stops, stays through its drain and return.
+        cp.kubectl("cordon", "returner")
+        assert board.stop(signal.SIGTERM, timeout=40) == 0
+        assert node_marks(cp, "returner") == (True, {"kube32.io/left": "true"})
+        board = worker(cp, "returner", "127.0.0.24", "--interp-mops", "5")
+        ready(cp, "returner")
+        wait_for(lambda: node_marks(cp, "returner")[1] == {}, 10, what="the left mark gone")
+        assert node_marks(cp, "returner") == (True, {})
+    finally:
+        board.stop(signal.SIGKILL)
+
+
+def test_a_failed_restores_fresh_start_stays_on_the_users_node(control_plane: ControlPlane) -> None:
+    """A pod a user put on a node (``spec.nodeName``) that cannot restore (its Checkpoint
+    has no data) starts afresh on that node, not where the scheduler would put it."""
+    cp = control_plane
+    boards = [worker(cp, "a-spare", "127.0.0.25", "--interp-mops", "5"),
+              worker(cp, "b-pinned", "127.0.0.26", "--interp-mops", "5")]
+    try:
+        for name in ("a-spare", "b-pinned"):
+            ready(cp, name)
+        image = push(cp, COUNTER)
+        first = cp.kubectl("create", "-f", "-", "-o", "jsonpath={.metadata.uid}", input=counter_pod(
+            "pinned", "b-pinned", image, annotations={"kube32.io/restore-from": "no-such-checkpoint"})).stdout
+        pod = wait_for(lambda: (p := get_json(cp, "pod", "pinned"))["metadata"]["uid"] != first and p, 30,
+                       what="the fresh replacement")
+        assert pod["spec"]["nodeName"] == "b-pinned"
+        assert "kube32.io/restore-from" not in (pod["metadata"].get("annotations") or {})
+        running(cp, "pinned")
+        events = cp.kubectl("get", "events", "--field-selector", "involvedObject.name=pinned,reason=MoveFailed").stdout
+        assert "the pod starts afresh on b-pinned" in events, events
+    finally:
+        for b in boards:
+            b.stop(signal.SIGKILL)
