@@ -20,6 +20,7 @@ TRIGGER = "kube32.io/trigger"           # label: periodic, eviction, memory-pres
 PLACEMENT = "kube32.io/placement"       # "fastest"
 CHECKPOINT_INTERVAL = "kube32.io/checkpoint-interval"
 INTERP_MOPS = "kube32.io/interp-mops"
+WASM_PIN = "kube32.io/wasm-sha256"      # pod annotation: the digest a wasm:// image must have
 # Node annotation: the machine and engine a measured interp-mops figure comes from.
 INTERP_MOPS_MEASURED_ON = "kube32.io/interp-mops-measured-on"
 POLICIES = ("OnDrain", "Never", "Auto")

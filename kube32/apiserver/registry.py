@@ -378,9 +378,11 @@ class Registry:
 
     # --- replace (kube32: pod moves) ------------------------------------------
     async def replace(self, res: Resource, ns: str | None, name: str, obj: Obj, *,
-                      expected_uid: str, dry_run: bool = False) -> Obj:
+                      expected_uid: str, dry_run: bool = False,
+                      refusal: Callable[[Obj, Obj], str | None] | None = None) -> Obj:
         """Replace an object by a new incarnation in one write: same name, a new uid and
-        creation time, status reset, written only if the current uid is ``expected_uid``.
+        creation time, status reset, written only if the current uid is ``expected_uid``
+        and ``refusal(current, new)`` (after defaults) says nothing (409 with its words).
 
         A pod move uses it so that no moment exists with zero or two pods of that name:
         owners count one pod at every step, and ``kubectl drain`` sees the uid change.
@@ -408,6 +410,9 @@ class Registry:
             res.strategy.prepare_for_create(new)
             md["generation"] = 1
             self._validate(res, new, res.strategy.validate(new))
+        why = refusal(old, new) if refusal is not None else None
+        if why:
+            raise errors.conflict(res.plural, name, res.group, why)
         if dry_run:
             return new
         try:

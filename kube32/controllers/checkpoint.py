@@ -6,7 +6,8 @@ Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
   ``Saving`` (with ``status.targetNode`` for a Move, so the target's kubelet asks for
   the data before it is stored: kube32.kubelet.prefetch): ask the pod's kubelet for a snapshot (``leave=running`` for Save,
   ``leave=frozen`` for Move) through the node proxy and stream it straight into
-  the Checkpoint's data.  Save ends ``Saved``.  Move replaces the pod in one write
+  the Checkpoint's data, while the target pulls the pod's image (Move:
+  kube32.controllers.imagecheck).  Save ends ``Saved``.  Move replaces the pod in one write
   (``pods/<name>/replacement``: same name, spec, labels and owners, a new uid,
   ``spec.nodeName`` = the target, ``kube32.io/restore-from`` = the Checkpoint)
   and turns ``Moving``.
@@ -15,7 +16,8 @@ Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
   or does not run within the rollback timeout (60 s): the pod goes back to its
   source node (or, when that node is not Ready, to the scheduler) and restores
   from the same Checkpoint; the Checkpoint turns ``Failed`` with the reason.
-* A failure before the replacement thaws the pod where it runs.
+* A failure before the replacement thaws the pod where it runs: among them a target
+  that cannot pull the image, or whose module is not the snapshot's.
 
 Invariants: the control plane takes one snapshot at a time (one lock around the
 snapshot's transfer; others wait); every pod write names the uid it expects, so a pod replaced or deleted
@@ -36,6 +38,7 @@ import aiohttp
 
 from .. import movability
 from ..client import CHECKPOINTS, NODES, PODS, ApiError, MutationCache
+from . import imagecheck
 from .base import Controller, key_of, split_key
 from .podutil import all_running, parse_time, rfc3339
 from .scheduler import node_misfits, node_ready, pick_node, usage_by_node
@@ -252,6 +255,9 @@ class CheckpointController(Controller):
             **({"targetNode": target} if target else {})))
         await asyncio.sleep(0)  # the write goes out first
         leave = "running" if target is None else "frozen"
+        # The target gets the image while the source takes the snapshot (imagecheck).
+        pulled = None if target is None else asyncio.ensure_future(imagecheck.pull_on(
+            self.client, target, imagecheck.image_of(pod, container), pod["metadata"].get("annotations") or {}))
         try:
             async with self.snapshot_lock:
                 window = [_now_ms()]
@@ -264,17 +270,19 @@ class CheckpointController(Controller):
             ck = await saving
         except asyncio.CancelledError:
             saving.cancel()
+            imagecheck.drop(pulled)
             raise
         except Exception:
             # Saving was refused (the Checkpoint changed or went): the sync starts again from
             # the API's copy, and a pod frozen for this try thaws.
+            imagecheck.drop(pulled)
             if leave == "frozen":
                 await self._thaw(source, ns, pod["metadata"]["name"], container)
             raise
         # When this snapshot held the control plane's one snapshot slot (Unix ms): users and
         # tests see that snapshots never overlap.
         self._windows[key_of(ck)] = (window[0], window[1])
-        await self._save_and_continue(ck, pod, container, source, target, taken)
+        await self._save_and_continue(ck, pod, container, source, target, taken, pulled)
 
     async def _pod_to_save(self, ns: str, name: str) -> Obj | None:
         """The informer's copy when it shows the pod running on a node, else a GET (a pod
@@ -334,12 +342,14 @@ class CheckpointController(Controller):
         return picked
 
     async def _save_and_continue(self, ck: Obj, pod: Obj, container: str, source: str,
-                                 target: str | None, taken: "tuple[int, Obj] | MoveError") -> None:
+                                 target: str | None, taken: "tuple[int, Obj] | MoveError",
+                                 pulled: "asyncio.Future[str] | None" = None) -> None:
         """After the snapshot: ``taken`` is the freeze time (Unix ms) and the Checkpoint with the
-        stored snapshot's facts, or why it failed."""
+        stored snapshot's facts, or why it failed; ``pulled``, the target's pull of the image."""
         move = target is not None
         ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         if isinstance(taken, MoveError):
+            imagecheck.drop(pulled)
             if move:
                 await self._thaw(source, ns, pod_name, container)
             await self._fail(ck, pod, taken, "Move" if move else "Save")
@@ -354,6 +364,11 @@ class CheckpointController(Controller):
             await self._event(pod, "Normal", "Checkpointed",
                               f"Saved the pod's state on {source}: {st.get('sizeBytes')} bytes in checkpoint "
                               f"{ck['metadata']['name']}")
+            return
+        unfit = await self._target_unfit(pulled, target, imagecheck.image_of(pod, container), facts)
+        if unfit:
+            await self._thaw(source, ns, pod_name, container)
+            await self._fail(ck, pod, MoveError(unfit), "Move", facts=facts)
             return
         try:
             new = await self._replace(pod, target, ck["metadata"]["name"])
@@ -373,6 +388,18 @@ class CheckpointController(Controller):
         await self._event(new, "Normal", "Moving",
                           f"Replacement bound to {target}; restoring from checkpoint {ck['metadata']['name']}")
         self.queue.add_after(key_of(ck), self.rollback_seconds)
+
+    @staticmethod
+    async def _target_unfit(pulled: "asyncio.Future[str] | None", target: str | None, image: str,
+                            facts: Obj) -> str | None:
+        """Why the target cannot run the snapshot's module under ``image`` (None: it can)."""
+        if pulled is None or target is None:
+            return None
+        try:
+            digest = await pulled
+        except imagecheck.TargetImageError as e:
+            return str(e)
+        return imagecheck.snapshot_mismatch(target, image, digest, facts.get("imageSha256"))
 
     def _window_fields(self, ck: Obj) -> dict[str, int]:
         start, end = self._windows.pop(key_of(ck), (0, 0))

@@ -13,6 +13,12 @@ same snapshot every time, so a failed transfer can be retried.
 ``POST /thaw/<ns>/<pod>/<container>``: 200 ``{"thawed":true}``, or 404 when the
 pod is not frozen.  Held events are delivered first (the runtime does that).
 
+``POST /images/pull?image=<ref>[&sha256=<hex>]``: pull and load a pod image now (the
+caches keep it for the pod that follows): 200 ``{"image", "sha256"}`` with the module's
+digest, 502 ``ErrImagePull`` when it cannot be pulled, 422 ``InvalidImage`` when it is no
+pod or not the pinned digest.  A move asks its target this before it replaces the pod
+(kube32.controllers.imagecheck).
+
 A pod left frozen by a move whose controller never came back is thawed after
 :data:`FROZEN_MAX_SECONDS` while it is still bound here: no pod stays frozen forever.
 
@@ -36,7 +42,8 @@ from aiohttp import web
 from .. import movability
 from ..client import CHECKPOINTS
 from ..snapshot import Snapshot, SnapshotError
-from ..wasm import CallTimeout, Pod, PodError
+from ..wasm import CallTimeout, ImageError, Pod, PodError
+from .images import PIN_ANNOTATION, PullError
 
 if TYPE_CHECKING:
     from .kubelet import Kubelet
@@ -249,6 +256,22 @@ async def thaw(kl: "Kubelet", request: web.Request) -> web.Response:
         return _not_found(f'pod "{worker.namespace}/{worker.name}" is not frozen')
     await _thaw(kl, worker, worker.instance)
     return _json(200, {"thawed": True})
+
+
+async def pull_image(kl: "Kubelet", request: web.Request) -> web.Response:
+    image = request.query.get("image", "")
+    if not image:
+        return _bad_request("the image to pull is missing (?image=)")
+    pin = request.query.get("sha256")
+    try:
+        module = await kl.load_module(image, {PIN_ANNOTATION: pin} if pin else {})
+    except PullError as e:
+        return _json(502, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "ErrImagePull",
+                           "message": str(e), "code": 502})
+    except ImageError as e:
+        return _json(422, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InvalidImage",
+                           "message": f"image {image}: {e}", "code": 422})
+    return _json(200, {"image": image, "sha256": module.sha256})
 
 
 async def thaw_forgotten(kl: "Kubelet") -> None:

@@ -12,7 +12,7 @@ endpoints of the migration work plug in there):
 * ``/pods/<ns>/<pod>/http/<path>``: one request into the pod's ``k32_handle``;
   a frozen pod answers 503 with ``Retry-After: 1``.
 * ``/containerLogs/<ns>/<pod>/<container>?follow=&tailLines=&timestamps=&previous=&sinceSeconds=&sinceTime=&limitBytes=``.
-* ``/checkpoint/<ns>/<pod>/<container>`` and ``/thaw/...``: see :mod:`.migration`.
+* ``/checkpoint/<ns>/<pod>/<container>``, ``/thaw/...`` and ``/images/pull``: see :mod:`.migration`.
 * ``/devices/keyboard?key=K[&namespace=NS]``: a key press on a node with a
   keyboard, published on the topic ``keyboard``.
 * ``/healthz``.
@@ -296,6 +296,7 @@ async def keyboard(kl: "Kubelet", request: web.Request) -> web.Response:
 ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/checkpoint/{ns}/{pod}/{container}", migration.checkpoint),
     ("POST", "/thaw/{ns}/{pod}/{container}", migration.thaw),
+    ("POST", "/images/pull", migration.pull_image),
     ("GET", "/healthz", healthz),
     ("*", "/pods/{ns}/{pod}/http/{path:.*}", pod_http),
     ("GET", "/containerLogs/{ns}/{pod}/{container}", container_logs),

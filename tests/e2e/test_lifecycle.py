@@ -6,16 +6,21 @@ Every test starts its own processes (``kube32-sim control-plane`` and ``worker``
 drives them with the real kubectl."""
 from __future__ import annotations
 
+import http.server
+import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 from tests.conftest import ROOT, ControlPlane, Proc, sim_command, start, start_control_plane, wait_for
-from tests.e2e.helpers import get_json, push
+from tests.e2e.helpers import cli, get_json, push, raw
 from tests.e2e.test_moves import counter_pod, running
 
 COUNTER = ROOT / "examples" / "pods" / "counter.wasm"
@@ -167,3 +172,148 @@ def test_a_failed_restores_fresh_start_stays_on_the_users_node(control_plane: Co
     finally:
         for b in boards:
             b.stop(signal.SIGKILL)
+
+
+# --- a pod's image changes -----------------------------------------------------------------
+
+class _Modules(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def movers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane (no node of its own) and three workers: src, dst, and slow, whose
+    snapshots for a move pause 30 s halfway (a window to change the pod meanwhile)."""
+    root = tmp_path_factory.mktemp("images")
+    cp = start_control_plane(root / "cp", "--no-kubelet", "--move-rollback-timeout", "15s")
+    boards = [worker(cp, "src", "127.0.0.31", "--interp-mops", "5"),
+              worker(cp, "dst", "127.0.0.32", "--interp-mops", "5"),
+              worker(cp, "slow", "127.0.0.33", "--interp-mops", "5", "--fault", "slow-snapshots")]
+    try:
+        for name in ("src", "dst", "slow"):
+            ready(cp, name)
+        yield cp
+    finally:
+        for b in boards:
+            b.stop(signal.SIGKILL)
+        cp.proc.stop()
+
+
+@pytest.fixture(scope="module")
+def images(movers: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """Two images of the counter pod: the module, and the module with a custom section
+    appended (the same pod, another digest)."""
+    other = tmp_path_factory.mktemp("modules") / "counter-b.wasm"
+    other.write_bytes(COUNTER.read_bytes() + b"\x00\x06\x05extra")
+    return push(movers, COUNTER), push(movers, other)
+
+
+def state(cp: ControlPlane, name: str) -> dict:
+    return raw(cp, f"/api/v1/namespaces/default/pods/{name}/proxy/")
+
+
+def container_status(cp: ControlPlane, name: str) -> dict:
+    return (get_json(cp, "pod", name).get("status") or {}).get("containerStatuses", [{}])[0]
+
+
+def set_image(cp: ControlPlane, name: str, image: str) -> None:
+    cp.kubectl("patch", "pod", name, "-p", json.dumps({"spec": {"containers": [{"name": "main", "image": image}]}}))
+
+
+def test_an_image_change_restarts_the_container_with_the_new_image(movers: ControlPlane,
+                                                                   images: tuple[str, str]) -> None:
+    """As Kubernetes' kubelet: the container is killed and the new image starts afresh
+    (k32_init), restartCount counts it, the status shows the new image; the pod then
+    moves with the new module's state."""
+    cp, (first, second) = movers, images
+    cp.kubectl("apply", "-f", "-", input=counter_pod("swapper", "src", first))
+    running(cp, "swapper")
+    state(cp, "swapper")
+    assert state(cp, "swapper")["requests"] == 2
+    set_image(cp, "swapper", second)
+    cs = wait_for(lambda: (c := container_status(cp, "swapper"))["image"] == second and c.get("ready") and c, 30,
+                  what="the container restarted with the new image")
+    assert cs["restartCount"] == 1 and cs["imageID"] == second
+    assert cs["lastState"]["terminated"]["message"] == "Container main definition changed, will be restarted"
+    fresh = state(cp, "swapper")
+    assert fresh["requests"] == 1 and fresh["init_calls"] == 1 and fresh["restored_calls"] == 0
+    events = cp.kubectl("get", "events", "--field-selector", "involvedObject.name=swapper,reason=Killing").stdout
+    assert "Container main definition changed, will be restarted" in events, events
+
+    out = cli(cp, "move", "swapper", "--to", "dst")
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    moved = state(cp, "swapper")
+    assert moved["requests"] == 2 and moved["restored_calls"] == 1
+    assert container_status(cp, "swapper")["image"] == second
+    cp.kubectl("delete", "pod", "swapper", "--wait=false")
+
+
+def test_an_image_change_during_a_move_fails_it_before_the_replacement(movers: ControlPlane,
+                                                                       images: tuple[str, str]) -> None:
+    """The snapshot is of the module that ran: the replacement, made from the pod as it
+    was, must neither undo the user's change nor hand the old state to the new image.
+    The move fails, the pod thaws where it ran and restarts with the new image."""
+    cp, (first, second) = movers, images
+    cp.kubectl("apply", "-f", "-", input=counter_pod("changer", "slow", first))
+    running(cp, "changer")
+    uid = get_json(cp, "pod", "changer")["metadata"]["uid"]
+    state(cp, "changer")
+    mover = subprocess.Popen([sys.executable, "-m", "kube32.cli.main", "move", "changer", "--to", "dst",
+                              "--kubeconfig", str(cp.kubeconfig)], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: any(c["spec"]["podName"] == "changer" and c["status"].get("phase") == "Saving"
+                             for c in get_json(cp, "checkpoints")["items"]), 20, what="the move saving")
+        time.sleep(1)  # the snapshot is under way (it pauses 30 s halfway)
+        set_image(cp, "changer", second)
+        text, _ = mover.communicate(timeout=90)
+    finally:
+        if mover.poll() is None:
+            mover.kill()
+    assert mover.returncode == 1, text
+    ck = next(c for c in get_json(cp, "checkpoints")["items"] if c["spec"]["podName"] == "changer")
+    assert ck["status"]["phase"] == "Failed"
+    assert "the pod's spec changed since the replacement was made from it (spec.containers)" \
+        in ck["status"]["message"], ck["status"]["message"]
+    pod = get_json(cp, "pod", "changer")
+    assert pod["metadata"]["uid"] == uid and pod["spec"]["nodeName"] == "slow"
+    assert pod["spec"]["containers"][0]["image"] == second, "the user's change stays"
+    cs = wait_for(lambda: (c := container_status(cp, "changer"))["image"] == second and c.get("ready") and c, 30,
+                  what="the thawed pod restarted with the new image")
+    assert cs["restartCount"] == 1
+    assert state(cp, "changer")["init_calls"] == 1 and state(cp, "changer")["restored_calls"] == 0
+    cp.kubectl("delete", "pod", "changer", "--wait=false")
+
+
+def test_a_move_whose_target_cannot_pull_the_image_fails_before_the_replacement(movers: ControlPlane,
+                                                                                tmp_path: Path) -> None:
+    """The module's server went away after the source pulled it: the target cannot pull
+    it, so the move fails before the replacement and the pod goes on where it runs."""
+    cp = movers
+    (tmp_path / "app.wasm").write_bytes(COUNTER.read_bytes())
+    handler = lambda *a, **k: _Modules(*a, directory=str(tmp_path), **k)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    image = f"wasm://127.0.0.1:{server.server_address[1]}/app.wasm"
+    try:
+        cp.kubectl("apply", "-f", "-", input=counter_pod("stranded", "src", image))
+        running(cp, "stranded")
+    finally:
+        server.shutdown()
+        server.server_close()
+    uid = get_json(cp, "pod", "stranded")["metadata"]["uid"]
+    before = state(cp, "stranded")
+    out = cli(cp, "move", "stranded", "--to", "dst")
+    text = out.stdout.decode() + out.stderr.decode()
+    assert out.returncode == 1, text
+    ck = next(c for c in get_json(cp, "checkpoints")["items"] if c["spec"]["podName"] == "stranded")
+    assert ck["status"]["phase"] == "Failed"
+    assert ck["status"]["message"].startswith(f"node dst cannot pull image {image}: cannot pull {image}"), \
+        ck["status"]["message"]
+    pod = running(cp, "stranded")
+    assert pod["metadata"]["uid"] == uid and pod["spec"]["nodeName"] == "src"
+    assert state(cp, "stranded")["requests"] == before["requests"] + 1, "the state stays"
+    events = cp.kubectl("get", "events", "--field-selector", "involvedObject.name=stranded,reason=MoveFailed").stdout
+    assert "node dst cannot pull image" in events
+    cp.kubectl("delete", "pod", "stranded", "--wait=false")
