@@ -266,7 +266,7 @@ def test_an_image_change_during_a_move_fails_it_before_the_replacement(movers: C
         wait_for(lambda: any(c["spec"]["podName"] == "changer" and c["status"].get("phase") == "Saving"
                              for c in get_json(cp, "checkpoints")["items"]), 20, what="the move saving")
         time.sleep(1)  # the snapshot is under way (it pauses 30 s halfway)
-        set_image(cp, "changer", second)
+        cp.kubectl("set", "image", "pod/changer", f"main={second}")
         text, _ = mover.communicate(timeout=90)
     finally:
         if mover.poll() is None:
