@@ -55,6 +55,7 @@ from ..snapshot import TRAILER_SIZE, SnapshotError, SnapshotReader
 from ..snapshot.parallel import prefault
 from ..snapshot.writer import ASYNC_WRITE
 from . import authz, errors
+from .heldevents import HeldEvents
 from .proxy import kubelet_base
 from .resources import Resource
 
@@ -197,6 +198,14 @@ class CheckpointDataSpace:
         self._items.pop(uid, None)
 
 
+def _held_count(header: str | None) -> int:
+    """The number of events a node's snapshot holds (none said: none)."""
+    try:
+        return max(0, int(header or 0))
+    except ValueError:
+        return 0
+
+
 async def _write_range(resp: web.StreamResponse, view: memoryview, start: int, end: int) -> None:
     for off in range(start, end, ASYNC_WRITE):  # each write is encrypted and sent whole
         await resp.write(view[off: min(off + ASYNC_WRITE, end)])
@@ -211,6 +220,7 @@ class CheckpointDataAPI:
         # GETs waiting for data on its way (waitSeconds), and data being received, by (namespace, name)
         self._waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
         self._arriving: dict[tuple[str, str], Arriving] = {}
+        self.held_events = HeldEvents(server.registry, server.events)
         server.sub_handlers[("checkpoints", "data", "GET")] = self.get
         server.sub_handlers[("checkpoints", "data", "PUT")] = self.put
         server.registry.before_delete["checkpoints"] = self._on_delete
@@ -370,6 +380,12 @@ class CheckpointDataAPI:
         url = f"{kubelet_base(await self.server._node(node))}/{path}"
         kubelets = self.server.kubelets
         failed = f"the snapshot transfer from {node} failed"
+        hold = None
+        if q.get("leave") == "frozen":
+            # A move: the pod's events are held here from now until it runs again, and the
+            # node takes the snapshot once it has read every event published before.
+            hold, seq = await self.held_events.begin(t.namespace, pod, ck)
+            params["eventsSeq"] = str(seq)
         try:
             upstream = await kubelets.session.post(url, params=params, headers=kubelets.auth_headers(url),
                                                    allow_redirects=False,
@@ -383,6 +399,8 @@ class CheckpointDataAPI:
                 return web.Response(status=upstream.status, body=body, headers={
                     **passed, "Content-Type": upstream.headers.get("Content-Type", "application/json"),
                     "X-Kube32-From-Node": node})
+            if hold is not None:
+                hold.in_snapshot(_held_count(upstream.headers.get("X-Kube32-Held-Events")))
             if upstream.content_length is None:
                 raise errors.APIError(502, "BadGateway", f"{failed}: the node sent a snapshot without a "
                                                          "Content-Length")

@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from aiohttp import web
 
@@ -115,6 +115,8 @@ class Kubelet:
         self._transitions: dict[str, tuple[str, str]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.subscribed = asyncio.Event()
+        self.topic_seq = 0                   # the number of the latest topic line read (kube32.apiserver.eventbus)
+        self._topic_read = asyncio.Event()   # set by each line read
 
     # --- start and stop -----------------------------------------------------------
     async def start(self) -> None:
@@ -357,31 +359,52 @@ class Kubelet:
         except Exception as e:  # noqa: BLE001 - events are best effort
             log.warning("cannot publish to %s/%s: %s", ns, topic, e)
 
-    def deliver(self, ns: str, topic: str, payload: bytes, source: str) -> int:
+    def deliver(self, ns: str, topic: str, payload: bytes, source: str,
+                held: Iterable[str] = (), to: str | None = None) -> int:
+        """An event to this node's pods that hear its topic, but never to its publisher nor
+        to a pod the control plane holds it for (``held``: names of pods under a move).  A
+        held event released (``to``: a uid) goes to that pod only."""
         n = 0
         for worker in list(self.workers.values()):
             inst = worker.instance
             if (inst is None or worker.namespace != ns or topic not in inst.config.topics
-                    or source == f"pod/{worker.uid}"):
+                    or source == f"pod/{worker.uid}" or worker.name in held
+                    or (to is not None and worker.uid != to)):
                 continue
             dropped = inst.dropped_events
             inst.deliver_event(topic, payload)
-            if inst.dropped_events > dropped:
-                self._events_dropped(worker)
+            self.count_dropped(worker, inst.dropped_events - dropped)
             n += 1
         return n
 
-    def _events_dropped(self, worker: Any) -> None:
-        """A frozen pod holds at most 8 events; each one dropped past that shows as the
-        pod's Warning event EventsDropped, whose count (``kubectl get events``,
-        ``kubectl describe pod``) is the number dropped."""
+    def count_dropped(self, worker: Any, count: int) -> None:
+        """``count`` events for the pod were dropped (a frozen or moving pod holds at most
+        8): they show as the pod's Warning event EventsDropped, whose count (``kubectl get
+        events``, ``kubectl describe pod``) is the number dropped."""
+        if count <= 0:
+            return
+
         async def record() -> None:
             async with self._drop_lock:  # one after another: each bumps the same Event's count
                 await self.events.record(
                     worker.pod, "Warning", "EventsDropped",
-                    "An event arrived while the pod was frozen and was dropped: a frozen pod holds at most "
-                    f"{MAX_HELD_EVENTS} events (the count is the number dropped)")
+                    "Events arrived while the pod was frozen or moving and were dropped: at most "
+                    f"{MAX_HELD_EVENTS} are held for a pod then (the count is the number dropped)", count)
         self._spawn(record())
+
+    async def topics_read(self, seq: int, timeout: float) -> bool:
+        """Wait until the topic line ``seq`` has been read (every event published before it
+        has then been delivered here); False after ``timeout`` s (the subscription is down:
+        no event reaches this node then)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.topic_seq < seq:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._topic_read.clear()
+            await wait_set(self._topic_read, remaining)
+        return True
 
     async def _topic_loop(self) -> None:
         backoff = 0.1
@@ -405,11 +428,31 @@ class Kubelet:
             ev = json.loads(line)
         except json.JSONDecodeError:
             return
-        if ev.get("type") == "SUBSCRIBED":
+        if not isinstance(ev, dict):
+            return
+        self._read_line(ev.get("seq"))
+        kind = ev.get("type")
+        if kind == "SUBSCRIBED":
             self.subscribed.set()
+            return
+        to = ev.get("to")
+        if kind == "DROPPED":
+            worker = self.workers.get(to) if isinstance(to, str) else None
+            count = ev.get("count")
+            if worker is not None and isinstance(count, int):
+                self.count_dropped(worker, count)
             return
         try:
             payload = base64.b64decode(ev.get("payload", ""))
         except ValueError:
             return
-        self.deliver(ev.get("namespace", ""), ev.get("topic", ""), payload, ev.get("source", ""))
+        held = ev.get("held") or ()
+        self.deliver(ev.get("namespace", ""), ev.get("topic", ""), payload, ev.get("source", ""),
+                     held if isinstance(held, list) else (), to if isinstance(to, str) else None)
+
+    def _read_line(self, seq: Any) -> None:
+        """Each line is numbered one after the last (a SUBSCRIBED line numbers the latest
+        before it: after a reconnection, or a control plane restart, the count starts there)."""
+        if isinstance(seq, int):
+            self.topic_seq = seq
+            self._topic_read.set()

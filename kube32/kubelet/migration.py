@@ -54,6 +54,7 @@ log = logging.getLogger("kube32.kubelet.migration")
 FAULTS = ("corrupt-restores", "truncate-restores", "hang-restores", "slow-snapshots")
 SLOW_SNAPSHOT_PAUSE = 30.0
 
+EVENTS_SEQ_WAIT = 2.0  # s: how long a snapshot waits for the topic line it must follow
 DEFAULT_TIMEOUT_MS = 10000
 MAX_TIMEOUT_MS = 60000
 FROZEN_MAX_SECONDS = 300.0
@@ -128,8 +129,8 @@ def _bad_request(message: str) -> web.Response:
                        "message": message, "code": 400})
 
 
-def parse_params(query: Any) -> tuple[str, int] | str:
-    """(leave, timeoutMs), or the message of a 400."""
+def parse_params(query: Any) -> tuple[str, int, int] | str:
+    """(leave, timeoutMs, eventsSeq), or the message of a 400."""
     leave = query.get("leave", "running")
     if leave not in ("running", "frozen"):
         return f'leave must be "running" or "frozen", not "{leave}"'
@@ -140,7 +141,10 @@ def parse_params(query: Any) -> tuple[str, int] | str:
         return f'timeoutMs must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, not "{raw}"'
     if not 1 <= timeout <= MAX_TIMEOUT_MS:
         return f"timeoutMs must be from 1 to {MAX_TIMEOUT_MS} ms, not {timeout}"
-    return leave, timeout
+    raw = query.get("eventsSeq", "0")
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        return f'eventsSeq must be the number of a topic line (0 or more), not "{raw}"'
+    return leave, timeout, int(raw)
 
 
 def _target(kl: "Kubelet", request: web.Request):
@@ -165,7 +169,7 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
     params = parse_params(request.query)
     if isinstance(params, str):
         return _bad_request(params)
-    leave, timeout_ms = params
+    leave, timeout_ms, events_seq = params
     worker, why = _target(kl, request)
     if worker is None:
         return _not_found(why)
@@ -175,7 +179,13 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
         return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
                            "message": "the pod cannot move: " + "; ".join(blockers), "blockers": blockers,
                            "code": 409})
+    # A move's snapshot holds every event published before the control plane began to hold
+    # the pod's events (line eventsSeq of the topic stream), and none after it.
+    if not await kl.topics_read(events_seq, EVENTS_SEQ_WAIT):
+        log.warning("taking the snapshot of %s/%s without topic line %d (the topic stream is behind or down)",
+                    worker.namespace, worker.name, events_seq)
     was_frozen = inst.frozen
+    dropped = inst.dropped_events
     try:
         await asyncio.to_thread(inst.freeze, timeout_ms)
     except CallTimeout as e:
@@ -184,6 +194,7 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
     except PodError as e:
         return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
                            "message": str(e), "blockers": [str(e)], "code": 409})
+    kl.count_dropped(worker, inst.dropped_events - dropped)  # a frozen pod keeps 8 of those queued
     if not was_frozen:
         worker.frozen_since = time.monotonic()
         kl.pod_frozen_changed(worker.uid)
@@ -195,6 +206,7 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
             "X-Kube32-Image-Sha256": inst.module.sha256,
             "X-Kube32-Pod-Time-Ms": str(writer.state.pod_time_ms),
             "X-Kube32-Frozen-At-Ms": str(writer.state.unix_time_ms),
+            "X-Kube32-Held-Events": str(len(writer.state.events)),
         })
         resp.content_length = writer.total_size
         # The trailer is known only at the end; a frozen pod's snapshot never changes,
