@@ -10,6 +10,13 @@ in each.  ``leave=running`` thaws after the snapshot (also when the transfer
 broke); ``leave=frozen`` keeps it frozen for a move, and a frozen pod gives the
 same snapshot every time, so a failed transfer can be retried.
 
+``?dryRun=All`` only checks: 409 NotMovable with every blocker, or 200 with an empty
+``blockers`` list; the pod is never frozen (the control plane asks so for the node's
+blockers when it found some of its own).  ``?eventsSeq=<n>`` (a move's, from the API
+server): the snapshot is taken once this node has read topic line n, so it holds every
+event published before the control plane began to hold the pod's events and none after
+(kube32.apiserver.heldevents); ``X-Kube32-Held-Events`` says how many it holds.
+
 ``POST /thaw/<ns>/<pod>/<container>``: 200 ``{"thawed":true}``, or 404 when the
 pod is not frozen.  Held events are delivered first (the runtime does that).
 
@@ -129,8 +136,11 @@ def _bad_request(message: str) -> web.Response:
                        "message": message, "code": 400})
 
 
-def parse_params(query: Any) -> tuple[str, int, int] | str:
-    """(leave, timeoutMs, eventsSeq), or the message of a 400."""
+def parse_params(query: Any) -> tuple[str, int, int, bool] | str:
+    """(leave, timeoutMs, eventsSeq, dryRun), or the message of a 400."""
+    dry_run = query.get("dryRun")
+    if dry_run not in (None, "All"):
+        return f'dryRun must be "All", not "{dry_run}"'
     leave = query.get("leave", "running")
     if leave not in ("running", "frozen"):
         return f'leave must be "running" or "frozen", not "{leave}"'
@@ -144,7 +154,7 @@ def parse_params(query: Any) -> tuple[str, int, int] | str:
     raw = query.get("eventsSeq", "0")
     if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
         return f'eventsSeq must be the number of a topic line (0 or more), not "{raw}"'
-    return leave, timeout, int(raw)
+    return leave, timeout, int(raw), dry_run == "All"
 
 
 def _target(kl: "Kubelet", request: web.Request):
@@ -169,7 +179,7 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
     params = parse_params(request.query)
     if isinstance(params, str):
         return _bad_request(params)
-    leave, timeout_ms, events_seq = params
+    leave, timeout_ms, events_seq, dry_run = params
     worker, why = _target(kl, request)
     if worker is None:
         return _not_found(why)
@@ -179,6 +189,9 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
         return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
                            "message": "the pod cannot move: " + "; ".join(blockers), "blockers": blockers,
                            "code": 409})
+    if dry_run:
+        return _json(200, {"kind": "Status", "apiVersion": "v1", "status": "Success",
+                           "message": "the pod can move", "blockers": [], "code": 200})
     # A move's snapshot holds every event published before the control plane began to hold
     # the pod's events (line eventsSeq of the topic stream), and none after it.
     if not await kl.topics_read(events_seq, EVENTS_SEQ_WAIT):
