@@ -13,7 +13,8 @@ Invariants:
   bound elsewhere: the filtered watch sends DELETED) is stopped and its object is
   never written again; a pod marked for deletion is stopped, then deleted with
   grace 0 and a UID precondition, so a replacement of the same name is never
-  deleted.
+  deleted.  That happens once per UID: a pod that stays (its finalizers pending)
+  is not deleted again (a DELETE that failed otherwise is tried at the next event).
 * The kubelet is the pods' HostServices: logs go to the worker's ring buffer,
   publishes go to the API server's topic bus (so pods on every node hear them), and
   one ChannelRegistry serves the node's pods.
@@ -105,6 +106,7 @@ class Kubelet:
         self.facts: nodeinfo.NodeFacts | None = None
         self.node_uid: str | None = None
         self._stopping: set[str] = set()
+        self._terminated: set[str] = set()  # pods marked for deletion this node stopped (and deleted)
         self.moved_away: dict[tuple[str, str], float] = {}  # (ns, name) -> when it left frozen
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()   # strong refs: the loop keeps only weak ones
@@ -261,6 +263,7 @@ class Kubelet:
 
     def _reconcile(self) -> None:
         desired = {p["metadata"]["uid"]: p for p in self.informer.list()}
+        self._terminated &= desired.keys()
         for uid, worker in list(self.workers.items()):
             if uid not in desired and uid not in self._stopping:
                 self._stopping.add(uid)
@@ -268,7 +271,9 @@ class Kubelet:
         for uid, pod in desired.items():
             worker = self.workers.get(uid)
             if pod["metadata"].get("deletionTimestamp"):
-                if uid not in self._stopping:
+                # Stopped once: a pod that stays (a finalizer pending) is not deleted again
+                # at every event of this node's pods.
+                if uid not in self._stopping and uid not in self._terminated:
                     self._stopping.add(uid)
                     self._spawn(self._terminate(pod, worker))
             elif worker is not None:
@@ -314,8 +319,11 @@ class Kubelet:
             self.node_changed()
         try:
             await self.client.delete(PODS, md["name"], md["namespace"], grace_period=0, uid=md["uid"])
+            self._terminated.add(md["uid"])
         except ApiError as e:
-            if e.code not in (404, 409):
+            if e.code in (404, 409):
+                self._terminated.add(md["uid"])
+            else:
                 log.warning("cannot delete pod %s/%s: %s", md["namespace"], md["name"], e)
         finally:
             self._stopping.discard(md["uid"])
