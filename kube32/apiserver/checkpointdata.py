@@ -221,6 +221,7 @@ class CheckpointDataAPI:
         self._waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
         self._arriving: dict[tuple[str, str], Arriving] = {}
         self.held_events = HeldEvents(server.registry, server.events)
+        server.app.on_cleanup.append(lambda _app: self.held_events.close())
         server.sub_handlers[("checkpoints", "data", "GET")] = self.get
         server.sub_handlers[("checkpoints", "data", "PUT")] = self.put
         server.registry.before_delete["checkpoints"] = self._on_delete

@@ -22,7 +22,8 @@ back to its source) or the Checkpoint is finished or gone (the source thawed, or
 frozen).  Its events then go to that pod, and its node records EventsDropped with the
 count of those dropped.  A pod deleted meanwhile takes them with it.  A hold lasts
 :data:`HOLD_SECONDS` at most: then its events go to the pod of that name if it runs, or
-nowhere.
+nowhere.  A move tried again while a hold of its pod lasts lets that hold's events go to
+the pod first, before the new hold and the new snapshot, so they are in it.
 
 Bounded: 8 events a pod, of 64 KiB at most each.  Holds live in memory; a control plane
 restart loses them, as it loses the snapshot data.
@@ -66,19 +67,27 @@ class HeldEvents:
         self._tasks: set[asyncio.Task] = set()
 
     async def begin(self, namespace: str, pod_name: str, checkpoint: dict[str, Any]) -> tuple[Hold | None, int]:
-        """Hold the pod's events from now on; returns the hold (None when there is no such
-        pod: the node answers 404) and the bus's latest line number, for the node."""
+        """Hold the pod's events from now on; returns the hold (None for a pod that hears
+        no topic, or no such pod: the node answers 404) and the bus's latest line number,
+        for the node.  A hold of the pod from a try before is let go to the pod first."""
         pod = await self.registry.try_get(self._pods, namespace, pod_name)
-        if pod is None:
+        topics = frozenset(movability.topics(pod or {}))
+        if pod is None or not topics:
             return None, self.bus.seq
         # No await from here to the return: the line number is the one the hold began after.
         md = checkpoint["metadata"]
-        hold = self.bus.hold(namespace, pod_name, pod["metadata"]["uid"], frozenset(movability.topics(pod)),
+        hold = self.bus.hold(namespace, pod_name, pod["metadata"]["uid"], topics,
                              MAX_HELD_EVENTS, md["name"], md["uid"])
         task = asyncio.create_task(self._follow(hold), name=f"held events {namespace}/{pod_name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return hold, self.bus.seq
+
+    async def close(self) -> None:
+        """Stop following the holds (the API server stops; the holds go with it)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _follow(self, hold: Hold) -> None:
         loop = asyncio.get_running_loop()
