@@ -18,7 +18,10 @@ asks that node's kubelet ``POST /checkpoint/<ns>/<pod>/<c>`` (the caller needs
 ``create nodes/proxy`` on the node, as through the node proxy, besides ``update
 checkpoints/data``) and streams the answer straight into the data, checked as above.
 The snapshot then crosses the control plane once (one TLS read, one hash, one copy)
-instead of proxy -> controller -> upload.  The answer carries the kubelet's
+instead of proxy -> controller -> upload.  With ``leave=frozen`` (a move) the pod's events
+are held from then on until it runs again (kube32.apiserver.heldevents): the kubelet is
+asked with ``eventsSeq``, the topic line the hold began after, and its
+``X-Kube32-Held-Events`` says how many events the snapshot holds.  The answer carries the kubelet's
 ``X-Kube32-*`` headers (``X-Kube32-Frozen-At-Ms`` among them) and the Checkpoint with
 the snapshot's facts in its status, which this request does not write: its caller does,
 with its next status write (the Checkpoint controller's Moving or Saved), so a move's
