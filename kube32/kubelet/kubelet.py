@@ -39,6 +39,7 @@ from ..aio import wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
 from ..wasm import ChannelRegistry, Module, Pod, PodConfig, Runtime
 from ..wasm.abi import MAX_HELD_EVENTS
+from ..wasm.pod import MAX_QUEUED_EVENTS
 from . import node as nodeinfo
 from . import join as node_join
 from . import migration
@@ -386,9 +387,9 @@ class Kubelet:
         return n
 
     def count_dropped(self, worker: Any, count: int) -> None:
-        """``count`` events for the pod were dropped (a frozen or moving pod holds at most
-        8): they show as the pod's Warning event EventsDropped, whose count (``kubectl get
-        events``, ``kubectl describe pod``) is the number dropped."""
+        """``count`` events for the pod were dropped (at most 8 wait for a frozen or moving
+        pod, 1024 for a running one): they show as the pod's Warning event EventsDropped,
+        whose count (``kubectl get events``, ``kubectl describe pod``) is the number dropped."""
         if count <= 0:
             return
 
@@ -396,8 +397,8 @@ class Kubelet:
             async with self._drop_lock:  # one after another: each bumps the same Event's count
                 await self.events.record(
                     worker.pod, "Warning", "EventsDropped",
-                    "Events arrived while the pod was frozen or moving and were dropped: at most "
-                    f"{MAX_HELD_EVENTS} are held for a pod then (the count is the number dropped)", count)
+                    f"Events for the pod were dropped: at most {MAX_HELD_EVENTS} wait for a pod while it is "
+                    f"frozen or moving, {MAX_QUEUED_EVENTS} while it runs (the count is the number dropped)", count)
         self._spawn(record())
 
     async def topics_read(self, seq: int, timeout: float) -> bool:

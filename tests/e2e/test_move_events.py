@@ -81,7 +81,7 @@ def test_events_during_a_slow_snapshot_reach_the_replacement_eight_in_order_the_
     dropped = wait_for(lambda: events_of(cluster, "hear", "EventsDropped"), 10, what="EventsDropped")
     assert [e["count"] for e in dropped] == [3], dropped
     assert dropped[0]["type"] == "Warning" and dropped[0]["involvedObject"]["uid"] == moved["metadata"]["uid"]
-    assert "at most 8 are held" in dropped[0]["message"]
+    assert "at most 8 wait for a pod while it is frozen or moving" in dropped[0]["message"]
     # Later events reach it as any, after the held ones.
     publish(cluster, "later")
     last = events_now(cluster, "hear", after["events"] + 1)
