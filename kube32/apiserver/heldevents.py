@@ -16,7 +16,7 @@ order is kept: the snapshot's events first (the restore or the thaw delivers the
 these.  The node's answer says how many the snapshot holds (``X-Kube32-Held-Events``);
 the hold keeps what is left of the 8 and drops and counts the rest.
 
-The hold ends when a pod of that name runs (phase Running, every container running) and
+The hold ends when a pod of that name runs (phase Running, its containers running) and
 either its uid is not the one frozen (the replacement on the target, or the pod rolled
 back to its source) or the Checkpoint is finished or gone (the source thawed, or never
 frozen).  Its events then go to that pod, and its node records EventsDropped with the
@@ -50,11 +50,11 @@ FINISHED = ("Saved", "Completed", "Failed")
 
 
 def runs(pod: dict[str, Any]) -> bool:
-    """The pod's containers run (a replacement restoring is Running with them waiting)."""
+    """The pod's containers run: each one its node reports (a node runs a pod's first
+    container only), where a replacement restoring is Running with its container waiting."""
     status = pod.get("status") or {}
     statuses = status.get("containerStatuses") or []
-    wanted = len((pod.get("spec") or {}).get("containers") or [])
-    return (status.get("phase") == "Running" and len(statuses) == wanted
+    return (status.get("phase") == "Running" and bool(statuses)
             and all("running" in (cs.get("state") or {}) for cs in statuses))
 
 
