@@ -56,10 +56,12 @@ log = logging.getLogger("kube32.kubelet.migration")
 # transfer would; the real checks must then refuse it.  truncate-restores ends the
 # download of every restore halfway.  hang-restores never finishes a restore (a target
 # that never starts the replacement).  slow-snapshots sends half of every snapshot taken
-# for a move (leave=frozen) and then waits 30 s before the rest (a window to kill the node or the control plane
-# mid-transfer).
+# for a move (leave=frozen) and then waits 8 s before the rest: a window to kill the node
+# or the control plane mid-transfer, or to publish events, and shorter than the 10 s
+# without a byte after which the API server gives up on the snapshot
+# (kube32.apiserver.dataspace.Pace), so the move then completes.
 FAULTS = ("corrupt-restores", "truncate-restores", "hang-restores", "slow-snapshots")
-SLOW_SNAPSHOT_PAUSE = 30.0
+SLOW_SNAPSHOT_PAUSE = 8.0
 
 EVENTS_SEQ_WAIT = 2.0  # s: how long a snapshot waits for the topic line it must follow
 DEFAULT_TIMEOUT_MS = 10000

@@ -4,20 +4,23 @@ most 8, and later ones are dropped and counted"; "What moves": "events that arri
 while the pod is frozen, delivered after the restore").
 
 Real processes: a control plane and workers as ``kube32-sim`` processes, the source
-with ``--fault slow-snapshots`` (a move's snapshot pauses 30 s halfway, after the pod's
+with ``--fault slow-snapshots`` (a move's snapshot pauses 8 s halfway, after the pod's
 state is written out), so the events are published while the bytes are on their way,
 and, for the rollback, while the replacement is bound to a target that never starts it.
-Publishes go through ``kube32-cli publish``; the counter pod counts the events it gets
-and keeps the last one.
+Publishes go through ``kube32-cli publish`` (the rest of a burst through the same API
+from one client, so that it fits in the pause); the counter pod counts the events it
+gets and keeps the last one.
 """
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from typing import Iterator
 
 import pytest
 
+from kube32.client import Client
 from tests.conftest import ROOT, wait_for
 from tests.e2e.helpers import cli, get_json, push
 from tests.e2e.test_faults import (ROLLBACK_S, FaultCluster, checkpoints_of, events_of, free_port, move_bg,
@@ -54,11 +57,22 @@ def publish(cluster: FaultCluster, *payloads: str) -> None:
         assert out.returncode == 0 and out.stdout.decode().startswith("published"), out
 
 
+def publish_burst(cluster: FaultCluster, *payloads: str) -> None:
+    """As ``kube32-cli publish`` does, one after the other from one client."""
+    async def go() -> None:
+        async with Client.from_kubeconfig(cluster.kubeconfig) as c:
+            for p in payloads:
+                out = await c.post_bytes("/apis/kube32.io/v1/namespaces/default/topics/greet", p.encode(),
+                                         "application/octet-stream", {"source": "user"})
+                assert out["kind"] == "TopicEvent", out
+    asyncio.run(go())
+
+
 def snapshot_under_way(cluster: FaultCluster, pod: str) -> None:
-    """The move's snapshot is being sent: its node pauses halfway for 30 s."""
+    """The move's snapshot is being sent: its node pauses halfway for 8 s."""
     wait_for(lambda: any(c["status"].get("phase") == "Saving" and c["status"].get("nodeName") == "slow"
                          for c in checkpoints_of(cluster, pod)), 20, what="the snapshot to start")
-    time.sleep(1.5)  # the pod's state went out before the events published now
+    time.sleep(1.0)  # the pod's state went out before the events published now
 
 
 def events_now(cluster: FaultCluster, pod: str, want: int) -> dict:
@@ -70,7 +84,8 @@ def test_events_during_a_slow_snapshot_reach_the_replacement_eight_in_order_the_
     before = serve_pod(cluster, "hear", "slow", image)
     mover = move_bg(cluster, "hear", "--to", "sim-2")
     snapshot_under_way(cluster, "hear")
-    publish(cluster, *(f"e{i}" for i in range(1, 12)))
+    publish(cluster, "e1", "e2", "e3")
+    publish_burst(cluster, *(f"e{i}" for i in range(4, 12)))
     out = mover.communicate(timeout=90)[0].decode()
     assert mover.returncode == 0, out
     moved = running(cluster, "hear")
