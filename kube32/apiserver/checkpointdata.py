@@ -61,6 +61,7 @@ import os
 from typing import TYPE_CHECKING, Any, Iterator
 
 import aiohttp
+import yarl
 from aiohttp import web
 
 from ..snapshot import TRAILER_SIZE, SnapshotError, SnapshotReader
@@ -71,7 +72,7 @@ from .dataspace import (BOARD_CAPACITY, IN_FLIGHT_PHASES, SIM_CAPACITY, Buffer, 
                         PaceClock, Standing, Stored, standings, to_drop)
 from .eventbus import Hold
 from .heldevents import HeldEvents
-from .proxy import kubelet_base
+from .proxy import check_suffix, kubelet_base, kubelet_url
 from .resources import Resource, by_plural
 
 if TYPE_CHECKING:
@@ -405,6 +406,7 @@ class CheckpointDataAPI:
         if not pod or not container or any("/" in v for v in (node, pod, container)):
             raise errors.bad_request("fromNode needs pod and container (names, without '/')")
         path = f"checkpoint/{t.namespace}/{pod}/{container}"
+        check_suffix(path)   # no dot segments for names: the node's URL names this pod alone
         attrs = authz.request_attributes(request["user"], "POST", f"/api/v1/nodes/{node}/proxy/{path}", {})
         allowed, reason = await self.server.authorizer.authorize(attrs)
         if not allowed:
@@ -415,7 +417,7 @@ class CheckpointDataAPI:
         async with self._pulling:  # taken before the node freezes its pod: the next pull waits
             ck = await self.server.registry.get(t.res, t.namespace, t.name)
             with self._one_upload(t, ck, by_user=False):
-                url = f"{kubelet_base(await self.server._node(node))}/{path}"
+                url = kubelet_url(kubelet_base(await self.server._node(node)), path.split("/"))
                 hold = None
                 if q.get("leave") == "frozen":
                     # A move: the pod's events are held here from now until it runs again, and
@@ -424,7 +426,7 @@ class CheckpointDataAPI:
                     params["eventsSeq"] = str(seq)
                 return await self._pull_from(t, ck, node, url, params, hold)
 
-    async def _pull_from(self, t: "Target", ck: dict[str, Any], node: str, url: str,
+    async def _pull_from(self, t: "Target", ck: dict[str, Any], node: str, url: yarl.URL,
                          params: dict[str, str], hold: Hold | None) -> web.StreamResponse:
         kubelets = self.server.kubelets
         failed = f"the snapshot transfer from {node} failed"
