@@ -313,7 +313,7 @@ class CheckpointController(Controller):
     async def _node_blockers(self, pod: Obj, container: str) -> list[str]:
         """The blockers the pod's node finds (open files, entry points), asked without a
         freeze (``dryRun=All``): a move the spec already refuses still names every reason.
-        None when the pod runs on no node or its node does not answer in time."""
+        Empty when the pod runs on no node or its node does not answer in time."""
         node = (pod.get("spec") or {}).get("nodeName")
         if not node or (pod.get("status") or {}).get("phase") != "Running":
             return []
