@@ -24,6 +24,7 @@ POLICIES = ("OnDrain", "Never", "Auto")
 BLOCKING_CAPABILITIES = ("DISPLAY", "KEYBOARD", "SPEAKER", "SD", "CHIP_TEMP")
 ENTRY_POINTS = ("_start", "app_main", "main")
 I2C_GRANT = "kube32.io/i2c-device"
+TOPICS = "kube32.io/events"             # annotation: the topics a pod hears, "a,b"
 
 
 def policy(pod: dict[str, Any]) -> str:
@@ -97,6 +98,14 @@ def spec_blockers(pod: dict[str, Any], image_exports: Iterable[str] | None = Non
         if entry is not None:
             blockers.append(f"entry point {entry} runs on its own thread")
     return blockers
+
+
+def topics(pod: dict[str, Any]) -> tuple[str, ...]:
+    """The event topics of the pod spec (annotation ``kube32.io/events``), in its order:
+    what the kubelet subscribes the pod to, and what the control plane holds for it
+    during a move."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(TOPICS, "")
+    return tuple(dict.fromkeys(t.strip() for t in str(value).split(",") if t.strip()))
 
 
 def embedded_digest(image: str) -> str | None:

@@ -2,7 +2,8 @@
 
 Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
 
-* ``Pending`` -> check the pod spec for blockers and pick the target (Move), then
+* ``Pending`` -> check the pod spec for blockers (when it has some, the node's too,
+  asked with ``dryRun=All``: nothing freezes) and pick the target (Move), then
   ``Saving`` (with ``status.targetNode`` for a Move, so the target's kubelet asks for
   the data before it is stored: kube32.kubelet.prefetch): ask the pod's kubelet for a snapshot (``leave=running`` for Save,
   ``leave=frozen`` for Move) through the node proxy and stream it straight into
@@ -44,6 +45,7 @@ log = logging.getLogger("kube32.checkpoint")
 Obj = dict[str, Any]
 
 FREEZE_TIMEOUT_MS = 10000
+NODE_BLOCKERS_TIMEOUT = 5.0  # s: a refused move waits this long at most for the node's blockers
 MOVING_WRITE_DELAY = 0.05  # s after the replacement: see _save_and_continue
 FINISHED = ("Saved", "Completed", "Failed")
 TRIGGER = movability.TRIGGER
@@ -229,6 +231,7 @@ class CheckpointController(Controller):
             container = container_of(ck, pod)
             blockers = movability.spec_blockers(pod, await self._image_exports(pod, container))
             if blockers:
+                blockers = list(dict.fromkeys(blockers + await self._node_blockers(pod, container)))
                 raise MoveError("the pod cannot move: " + "; ".join(blockers), blockers)
             source = (pod.get("spec") or {}).get("nodeName")
             if not source or (pod.get("status") or {}).get("phase") != "Running":
@@ -306,6 +309,24 @@ class CheckpointController(Controller):
         except aiohttp.ClientError:
             pass
         return None
+
+    async def _node_blockers(self, pod: Obj, container: str) -> list[str]:
+        """The blockers the pod's node finds (open files, entry points), asked without a
+        freeze (``dryRun=All``): a move the spec already refuses still names every reason.
+        Empty when the pod runs on no node or its node does not answer in time."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") != "Running":
+            return []
+        md = pod["metadata"]
+        path = f"/api/v1/nodes/{node}/proxy/checkpoint/{md['namespace']}/{md['name']}/{container}"
+        try:
+            async with self.client.request("POST", path, params={"dryRun": "All"},
+                                           timeout=aiohttp.ClientTimeout(total=NODE_BLOCKERS_TIMEOUT)) as r:
+                text = await r.text()
+                return self._kubelet_refusal(r.status, text)[1] if r.status == 409 else []
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            log.info("cannot ask %s for the blockers of %s/%s: %s", node, md["namespace"], md["name"], e)
+            return []
 
     async def _target(self, ck: Obj, pod: Obj) -> str:
         target = (ck.get("spec") or {}).get("target") or {}

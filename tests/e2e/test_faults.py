@@ -492,7 +492,7 @@ def test_events_while_frozen_eight_held_in_order_the_rest_dropped_and_counted(cl
     assert after["events"] == before["events"] + 8 and after["last_event"] == "greet:e8"
     dropped = wait_for(lambda: events_of(cluster, "ev", "EventsDropped"), 10, what="EventsDropped")
     assert sum(e["count"] for e in dropped) == 3 and dropped[0]["type"] == "Warning"
-    assert "a frozen pod holds at most 8 events" in dropped[0]["message"]
+    assert "at most 8 wait for a pod while it is frozen or moving" in dropped[0]["message"]
     cluster.kubectl("delete", "pod", "ev", "--wait=false")
 
 
