@@ -37,7 +37,7 @@ import aiohttp
 from .. import movability
 from ..client import CHECKPOINTS, NODES, PODS, ApiError, MutationCache
 from .base import Controller, key_of, split_key
-from .podutil import all_running, parse_time, rfc3339
+from .podutil import all_running, failure, parse_time, rfc3339
 from .scheduler import node_misfits, node_ready, pick_node, usage_by_node
 
 log = logging.getLogger("kube32.checkpoint")
@@ -490,20 +490,21 @@ class CheckpointController(Controller):
             return
         container = container_of(ck, pod)
         state = _container_state(pod, container)
-        if (pod.get("status") or {}).get("phase") == "Running" and "running" in state:
+        # Seen running (by this sync or, a moment earlier, by the informer's handler):
+        # the move is done, whatever the container did since.
+        if (pod.get("status") or {}).get("phase") == "Running" and "running" in state \
+                or pod["metadata"].get("uid") in self._running_since:
             await self._complete(ck, pod)
             return
-        terminated = state.get("terminated")
         # The rollback clock starts when the replacement is bound (a pod may have been
         # frozen long before, e.g. a retried transfer); the Moved figure counts from the freeze.
         since = st.get("movingSinceMs") or st.get("frozenAtMs") or _now_ms()
         waited = (_now_ms() - int(since)) / 1000
-        failed = (pod.get("status") or {}).get("phase") == "Failed" or terminated
+        failed = failure(pod)  # a RestoreError, or any other end of its first start (a crash loop)
         if (failed or waited >= self.rollback_seconds) and not confirmed:
             await self._refetch(ck)
         elif failed:
-            why = (terminated or {}).get("message") or (pod.get("status") or {}).get("message") or "the replacement failed"
-            await self._rollback(ck, pod, why)
+            await self._rollback(ck, pod, failed)
         elif waited >= self.rollback_seconds:
             await self._rollback(ck, pod, f"the replacement did not run within {self.rollback_seconds:g} s")
         else:

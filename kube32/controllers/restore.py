@@ -17,7 +17,7 @@ from .. import movability
 from ..client import CHECKPOINTS, PODS, ApiError
 from .base import Controller, key_of
 from .checkpoint import replacement_of
-from .podutil import all_running, parse_time
+from .podutil import all_running, failure, parse_time
 
 log = logging.getLogger("kube32.restore")
 Obj = dict[str, Any]
@@ -57,10 +57,8 @@ class RestoreController(Controller):
         if pod is None or not restore_from(pod) or pod["metadata"].get("deletionTimestamp"):
             return
         ns, ck_name = pod["metadata"]["namespace"], restore_from(pod)
-        status = pod.get("status") or {}
-        states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
         running = all_running(pod)
-        failed = status.get("phase") == "Failed" or any("terminated" in s for s in states)
+        failed = None if running else failure(pod)
         if not (running or failed):
             return
         ck = self.checkpoints.get(f"{ns}/{ck_name}")
@@ -72,7 +70,7 @@ class RestoreController(Controller):
         if running:
             await self._restored(pod, ck_name, (ck or {}).get("status") or {})
         else:
-            await self._start_afresh(pod, ck_name, states)
+            await self._start_afresh(pod, ck_name, failed or "the restore failed")
 
     async def _restored(self, pod: Obj, ck_name: str, st: Obj) -> None:
         patch = [{"op": "test", "path": "/metadata/uid", "value": pod["metadata"]["uid"]},
@@ -89,9 +87,7 @@ class RestoreController(Controller):
         await self.recorder.record(pod, "Normal", "Restored",
                                    f"Restored on {where} from checkpoint {ck_name}, taken {age} ago")
 
-    async def _start_afresh(self, pod: Obj, ck_name: str, states: list[Obj]) -> None:
-        why = next((s["terminated"].get("message") for s in states if "terminated" in s), "") or \
-            (pod.get("status") or {}).get("message") or "the restore failed"
+    async def _start_afresh(self, pod: Obj, ck_name: str, why: str) -> None:
         md = pod["metadata"]
         try:
             await self.client.post_subresource(PODS, md["name"], "replacement", replacement_of(pod, None, None),
