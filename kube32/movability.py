@@ -26,6 +26,27 @@ ENTRY_POINTS = ("_start", "app_main", "main")
 I2C_GRANT = "kube32.io/i2c-device"
 
 
+def restore_from(pod: dict[str, Any]) -> str | None:
+    """The Checkpoint a pod restores from (``kube32.io/restore-from``), if any."""
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(RESTORE_FROM) or None
+
+
+def replacement_of_move(ck: dict[str, Any] | None, pod: dict[str, Any]) -> bool:
+    """``pod`` is the replacement of ``ck``, a move under way: the Checkpoint controller
+    alone decides what becomes of it (it completes, or rolls back to its source from the
+    same Checkpoint); deleting it would lose the pod's state.  Still ``Saving`` counts: the
+    Moving status follows the replacement by a moment, and a small pod may run, or fail
+    to restore, before it."""
+    st = (ck or {}).get("status") or {}
+    uid = (pod.get("metadata") or {}).get("uid")
+    if not uid or restore_from(pod) != ((ck or {}).get("metadata") or {}).get("name"):
+        return False
+    if st.get("phase") == "Moving":
+        return st.get("newPodUID") == uid
+    return st.get("phase") == "Saving" and ((ck or {}).get("spec") or {}).get("action") == "Move" \
+        and st.get("targetNode") == (pod.get("spec") or {}).get("nodeName") and st.get("podUID") not in (None, uid)
+
+
 def policy(pod: dict[str, Any]) -> str:
     value = ((pod.get("metadata") or {}).get("annotations") or {}).get(MIGRATION, "OnDrain")
     return value if value in POLICIES else "OnDrain"

@@ -67,6 +67,14 @@ def fastest_fit(pod: Obj, nodes: list[Obj], pods: list[Obj], extra_selector: dic
     return max(fits, key=lambda n: (interp_mops(n), n["metadata"]["name"]))["metadata"]["name"]
 
 
+def replaced_by_move(checkpoints: Any, pod: Obj) -> bool:
+    """``pod`` is the replacement of a move under way, by the Checkpoints informer: only
+    this controller decides what becomes of it (movability.replacement_of_move)."""
+    ck_name = movability.restore_from(pod)
+    return ck_name is not None and movability.replacement_of_move(
+        checkpoints.get(f"{pod['metadata'].get('namespace')}/{ck_name}"), pod)
+
+
 class MoveError(Exception):
     def __init__(self, message: str, blockers: list[str] | None = None) -> None:
         super().__init__(message)

@@ -23,22 +23,6 @@ log = logging.getLogger("kube32.restore")
 Obj = dict[str, Any]
 
 
-def restore_from(pod: Obj) -> str | None:
-    return (pod["metadata"].get("annotations") or {}).get(movability.RESTORE_FROM)
-
-
-def _moving_to(ck: Obj | None, pod: Obj) -> bool:
-    """``ck`` is a move under way whose replacement is ``pod``.  Still ``Saving`` counts:
-    the Moving status follows the replacement by a moment (the Checkpoint controller's
-    MOVING_WRITE_DELAY), and a small pod may run, or fail to restore, before it."""
-    st = (ck or {}).get("status") or {}
-    uid = pod["metadata"]["uid"]
-    if st.get("phase") == "Moving":
-        return st.get("newPodUID") == uid
-    return st.get("phase") == "Saving" and ((ck or {}).get("spec") or {}).get("action") == "Move" \
-        and st.get("targetNode") == (pod.get("spec") or {}).get("nodeName") and st.get("podUID") not in (None, uid)
-
-
 class RestoreController(Controller):
     name = "restore-controller"
 
@@ -48,24 +32,24 @@ class RestoreController(Controller):
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
 
     def setup(self) -> None:
-        self.pods.add_handler(lambda t, pod, old: restore_from(pod) and self.queue.add(key_of(pod)))
+        self.pods.add_handler(lambda t, pod, old: movability.restore_from(pod) and self.queue.add(key_of(pod)))
 
     async def sync(self, key: Any) -> None:
         # The informers' copies: a pod that neither runs nor failed yet is waited for (its
         # next change is an event), with no GET per event of a replacement being restored.
         pod = self.pods.get(key)
-        if pod is None or not restore_from(pod) or pod["metadata"].get("deletionTimestamp"):
+        if pod is None or not movability.restore_from(pod) or pod["metadata"].get("deletionTimestamp"):
             return
-        ns, ck_name = pod["metadata"]["namespace"], restore_from(pod)
+        ns, ck_name = pod["metadata"]["namespace"], movability.restore_from(pod)
         running = all_running(pod)
         failed = None if running else failure(pod)
         if not (running or failed):
             return
         ck = self.checkpoints.get(f"{ns}/{ck_name}")
-        if not _moving_to(ck, pod):
+        if not movability.replacement_of_move(ck, pod):
             # About to act: on the API's copy (the informer may not show the move's Moving yet).
             ck = await self.client.try_get(CHECKPOINTS, ck_name, ns)
-        if _moving_to(ck, pod):
+        if movability.replacement_of_move(ck, pod):
             return  # a move under way: the Checkpoint controller sees it through
         if running:
             await self._restored(pod, ck_name, (ck or {}).get("status") or {})

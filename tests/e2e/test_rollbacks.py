@@ -150,3 +150,34 @@ def test_a_rolled_back_deployment_pod_keeps_its_state_and_is_counted_once(
     rs = get_json(cluster, "rs", "-l", f"app={app}")["items"][0]["metadata"]["name"]
     assert len(events_of(cluster, rs, "SuccessfulCreate")) == 1 and not events_of(cluster, rs, "SuccessfulDelete")
     cluster.kubectl("delete", "deployment", app)
+
+
+def test_draining_the_target_of_a_move_under_way_keeps_the_pod_and_its_state(cluster: FaultCluster, image: str,
+                                                                             node) -> None:
+    """``kubectl drain`` of the node a pod is being restored on does not delete the
+    replacement (that would lose the state, and its owner would start a fresh pod): the
+    eviction waits for the move to end and answers 429 until then; the move rolls back,
+    and the drain's next eviction moves the pod on, with its state."""
+    app, target = "rb-drain", "rb-drain-target"
+    node(target, "--fault", "hang-restores")
+    name = deploy_on(cluster, app, image, "sim-1", target)
+    cluster.kubectl("label", "node", "sim-2", f"kube32.io/fault-test={app}", "--overwrite")
+    before = state(cluster, name)
+    watches = Watches(cluster, app)
+    try:
+        mover = move_bg(cluster, name, "--to", target)
+        the_checkpoint(cluster, name, "Moving")
+        drain = cluster.kubectl("drain", target, "--ignore-daemonsets", "--timeout=60s", timeout=90)
+        assert "being restored here by move" in drain.stderr + drain.stdout, drain
+        out = mover.communicate(timeout=60)[0].decode()
+        assert mover.returncode == 1 and "rolled back to sim-1" in out, out
+        pod = running(cluster, name)
+        assert pod["spec"]["nodeName"] != target
+        after = state(cluster, name)
+        assert after["init_calls"] == 1 and after["restored_calls"] == 1, after
+        assert after["requests"] == before["requests"] + 1, (before, after)
+    finally:
+        seen = watches.stop()
+        cluster.kubectl("label", "node", "sim-2", "kube32.io/fault-test-", check=False)
+    assert_one_pod_all_along(seen, name)
+    cluster.kubectl("delete", "deployment", app)
