@@ -173,7 +173,7 @@ class EvictionHandler:
             if last_try:
                 raise errors.too_many_requests(
                     f'pod "{meta.name_of(pod)}" is being restored here by move {meta.name_of(restoring)}: it can '
-                    "be evicted once the move ends (it runs here, or goes back to its source)", 1)
+                    "be evicted once the move ends (it runs here, or goes back to its source)")
             await self._until_move_ends(restoring)
         if move is not None and not dry_run:
             await self._until_replaced(pod, move)
