@@ -16,6 +16,8 @@ MIGRATION = "kube32.io/migration"
 RESTORE_FROM = "kube32.io/restore-from"
 # The facts of a stored snapshot in a Checkpoint's status (spec: "Checkpoint objects and data").
 SNAPSHOT_FACTS = ("sizeBytes", "snapshotSha256", "imageSha256", "podTimeMs")
+# The condition a Checkpoint's status has while its data is gone (kube32.apiserver.checkpointstatus).
+DATA_STORED = "DataStored"
 TRIGGER = "kube32.io/trigger"           # label: periodic, eviction, memory-pressure or placement
 PLACEMENT = "kube32.io/placement"       # "fastest"
 CHECKPOINT_INTERVAL = "kube32.io/checkpoint-interval"
@@ -24,6 +26,15 @@ POLICIES = ("OnDrain", "Never", "Auto")
 BLOCKING_CAPABILITIES = ("DISPLAY", "KEYBOARD", "SPEAKER", "SD", "CHIP_TEMP")
 ENTRY_POINTS = ("_start", "app_main", "main")
 I2C_GRANT = "kube32.io/i2c-device"
+
+
+def data_gone(ck: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``DataStored=False`` condition of a Checkpoint whose data is gone (dropped to
+    make room, or lost with a control plane restart), else None."""
+    for c in ((ck or {}).get("status") or {}).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == DATA_STORED and c.get("status") == "False":
+            return c
+    return None
 
 
 def restore_from(pod: dict[str, Any]) -> str | None:

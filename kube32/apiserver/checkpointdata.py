@@ -54,7 +54,7 @@ from aiohttp import web
 from ..snapshot import TRAILER_SIZE, SnapshotError, SnapshotReader
 from ..snapshot.parallel import prefault
 from ..snapshot.writer import ASYNC_WRITE
-from . import authz, errors
+from . import authz, checkpointstatus, errors
 from .proxy import kubelet_base
 from .resources import Resource
 
@@ -322,7 +322,9 @@ class CheckpointDataAPI:
         the snapshot's facts in its status (written to the store only with ``write_facts``)."""
         assert t.name is not None
         uid = ck["metadata"]["uid"]
-        self.space.reserve(uid, size)
+        dropped = self.space.reserve(uid, size)
+        # The Checkpoints whose data made room say so (checkpointstatus: their facts go).
+        await checkpointstatus.dropped(self.server.registry, dropped, lambda u: self.space.stored(u) is not None)
         try:
             data = await self._receive(stream, size, (t.namespace or "", t.name), uid)
         except BaseException:
@@ -335,7 +337,7 @@ class CheckpointDataAPI:
         def set_facts(obj: dict[str, Any]) -> dict[str, Any]:
             if obj["metadata"]["uid"] != uid:
                 raise errors.conflict("checkpoints", t.name, "kube32.io", "the Checkpoint was replaced during the upload")
-            obj.setdefault("status", {}).update(facts)
+            checkpointstatus.stored(obj.setdefault("status", {}), facts)
             return obj
         key, arriving = (t.namespace or "", t.name), data[2]
         try:

@@ -46,6 +46,7 @@ Obj = dict[str, Any]
 FREEZE_TIMEOUT_MS = 10000
 MOVING_WRITE_DELAY = 0.05  # s after the replacement: see _save_and_continue
 FINISHED = ("Saved", "Completed", "Failed")
+WAITING_FOR_TURN = "waiting for its turn: the control plane takes one snapshot at a time"
 TRIGGER = movability.TRIGGER
 
 
@@ -249,19 +250,24 @@ class CheckpointController(Controller):
             return
         # The lock covers the snapshot's transfer only: the replacement, the status and the
         # restore of one move overlap the next one's snapshot (a drain moves pods in a row).
-        # Saving is sent before the lock is taken, and the snapshot does not wait for its
+        # Saving means frozen: a Checkpoint waiting for its turn stays Pending and says so;
+        # Saving is sent once the lock is held, and the snapshot does not wait for its
         # answer: the write and the node's freeze overlap.  A Saving Checkpoint is only ever
         # looked at by its own sync (running here) or, after a control plane restart, found
         # interrupted.  A move's target is named from Saving on: its kubelet asks for the
         # data at once (a GET that waits for it), so the bytes reach it while the pod is
         # being replaced.
-        saving = asyncio.ensure_future(self._set_status(
-            ck, guard, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"],
-            **({"targetNode": target} if target else {})))
-        await asyncio.sleep(0)  # the write goes out first
         leave = "running" if target is None else "frozen"
+        if self.snapshot_lock.locked():
+            ck = await self._set_status(ck, guard, message=WAITING_FOR_TURN)
+            guard = True
+        saving: asyncio.Future[Obj] | None = None
         try:
             async with self.snapshot_lock:
+                saving = asyncio.ensure_future(self._set_status(
+                    ck, guard, phase="Saving", message="", nodeName=source, podUID=pod["metadata"]["uid"],
+                    **({"targetNode": target} if target else {})))
+                await asyncio.sleep(0)  # the write goes out first
                 window = [_now_ms()]
                 try:
                     taken: tuple[int, Obj] | MoveError = await self._stream_snapshot(ck, pod, container,
@@ -271,12 +277,13 @@ class CheckpointController(Controller):
                 window.append(_now_ms())
             ck = await saving
         except asyncio.CancelledError:
-            saving.cancel()
+            if saving is not None:
+                saving.cancel()
             raise
         except Exception:
             # Saving was refused (the Checkpoint changed or went): the sync starts again from
             # the API's copy, and a pod frozen for this try thaws.
-            if leave == "frozen":
+            if leave == "frozen" and saving is not None:
                 await self._thaw(source, ns, pod["metadata"]["name"], container)
             raise
         # When this snapshot held the control plane's one snapshot slot (Unix ms): users and
@@ -458,13 +465,17 @@ class CheckpointController(Controller):
                 raise
 
     async def _interrupted(self, ck: Obj) -> None:
-        """A Saving Checkpoint nobody is saving: the control plane restarted mid-snapshot."""
-        if self.snapshot_lock.locked():
-            self.queue.add_after(key_of(ck), 1.0)
-            return
+        """A Saving Checkpoint nobody is saving: the control plane restarted mid-move or
+        mid-snapshot (Saving is written only by the sync that holds the snapshot slot, and a
+        key is synced by one worker at a time).  A move whose replacement was written goes
+        on: whether the replacement runs decides it.  Otherwise the pod, frozen for the
+        snapshot, thaws at once and the Checkpoint fails."""
         spec, st = ck.get("spec") or {}, _status(ck)
         ns = ck["metadata"]["namespace"]
         pod = await self.client.try_get(PODS, spec.get("podName", ""), ns)
+        if pod is not None and movability.replacement_of_move(ck, pod):
+            await self._moving_after_restart(ck, pod)
+            return
         if pod is not None and st.get("nodeName") and pod["metadata"]["uid"] == st.get("podUID"):
             try:
                 await self._thaw(st["nodeName"], ns, pod["metadata"]["name"], container_of(ck, pod))
@@ -473,6 +484,17 @@ class CheckpointController(Controller):
         replaced = pod is not None and pod["metadata"]["uid"] != st.get("podUID")
         await self._fail(ck, pod, MoveError("the snapshot was interrupted (the control plane restarted)"),
                          spec.get("action", "Save"), before_replacement=not replaced)
+
+    async def _moving_after_restart(self, ck: Obj, pod: Obj) -> None:
+        """The replacement was written before the restart (the Moving status was not): the
+        move is Moving from the replacement's creation on.  The time of the freeze is not
+        known, so the Moved figure is not given."""
+        created = parse_time(pod["metadata"].get("creationTimestamp"))
+        since = int(created.timestamp() * 1000) if created else _now_ms()
+        ck = await self._set_status(ck, phase="Moving", takenAt=pod["metadata"].get("creationTimestamp") or rfc3339(),
+                                    newPodName=pod["metadata"]["name"], newPodUID=pod["metadata"]["uid"],
+                                    movingSinceMs=since)
+        await self._check_move(ck)
 
     # --- Moving -> Completed | Failed (rolled back) ---------------------------------------
     async def _check_move(self, ck: Obj, confirmed: bool = True) -> None:
@@ -521,20 +543,24 @@ class CheckpointController(Controller):
     async def _complete(self, ck: Obj, pod: Obj) -> None:
         st = _status(ck)
         running_at = self._running_since.pop(pod["metadata"].get("uid", ""), None) or _now_ms()
-        ms = max(0, running_at - int(st.get("frozenAtMs") or running_at))
-        message = f"moved from {st.get('nodeName')} to {st.get('targetNode')} in {ms} ms from the freeze"
+        moved = f"from {st.get('nodeName')} to {st.get('targetNode')}"
+        if st.get("frozenAtMs"):
+            ms: int | None = max(0, running_at - int(st["frozenAtMs"]))
+            message, took = f"moved {moved} in {ms} ms from the freeze", f"running {ms} ms after the freeze"
+        else:  # the control plane restarted between the replacement and the Moving status
+            ms, took = None, "the time from the freeze is not known (the control plane restarted during the move)"
+            message = f"moved {moved}; {took}"
         await self._drop_annotation(pod)
         try:
             # Guarded: ck may be a cached copy, and a move completes once (one Moved event).
             await self._set_status(ck, guard=True, phase="Completed", message=message, finishedAt=rfc3339(),
-                                   moveMillis=ms)
+                                   **({"moveMillis": ms} if ms is not None else {}))
         except ApiError as e:
             if e.code != 409:
                 raise
             await self._refetch(ck)
             return
-        await self._event(pod, "Normal", "Moved",
-                          f"Moved from {st.get('nodeName')} to {st.get('targetNode')}: running {ms} ms after the freeze")
+        await self._event(pod, "Normal", "Moved", f"Moved {moved}: {took}")
 
     async def _replace(self, pod: Obj, node: str | None, checkpoint: str | None) -> Obj:
         md = pod["metadata"]
@@ -558,15 +584,23 @@ class CheckpointController(Controller):
         source = st.get("nodeName")
         node = next((n for n in self.nodes.list() if n["metadata"]["name"] == source), None)
         back_to = source if node is not None and node_ready(node) else None
+        # Without its data the Checkpoint restores nothing: the pod starts afresh, and the
+        # Checkpoint says so instead of "rolled back".
+        lost = movability.data_gone(ck)
         try:
-            new = await self._replace(pod, back_to, ck["metadata"]["name"])
+            new = await self._replace(pod, back_to, None if lost else ck["metadata"]["name"])
         except ApiError as e:
             if e.code == 409:  # changed meanwhile: look again
                 self.queue.add(key_of(ck))
                 return
             raise
-        where = f"to {source}" if back_to else f"to the scheduler ({source} is not Ready)"
-        message = f"rolled back {where}: {why}"
+        if lost:
+            on = f"on {source}" if back_to else f"where the scheduler binds it ({source} is not Ready)"
+            message = f"not rolled back, the pod starts afresh {on}: {why}; the checkpoint's data is gone " \
+                      f"({lost.get('message')})"
+        else:
+            where = f"to {source}" if back_to else f"to the scheduler ({source} is not Ready)"
+            message = f"rolled back {where}: {why}"
         await self._set_status(ck, phase="Failed", message=message, finishedAt=rfc3339(),
                                rollbackPodUID=new["metadata"]["uid"])
         await self._event(new, "Warning", "MoveFailed", f"Move to {st.get('targetNode')} failed, {message}")

@@ -5,7 +5,8 @@ A pod carrying ``kube32.io/restore-from`` that no Moving Checkpoint waits for is
 watched here until its container runs: then the annotation goes (a later restart
 starts afresh) and a Restored event names the checkpoint and its age.  A restore
 that fails ends the pod Failed (the kubelet does that); the pod is then replaced,
-in one write, without the annotation, so it starts afresh.  Keys are pods.
+in one write, without the annotation, so it starts afresh, and the Checkpoint of a
+rolled-back move says so after its "rolled back".  Keys are pods.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ class RestoreController(Controller):
         if running:
             await self._restored(pod, ck_name, (ck or {}).get("status") or {})
         else:
-            await self._start_afresh(pod, ck_name, failed or "the restore failed")
+            await self._start_afresh(pod, ck_name, failed or "the restore failed", ck)
 
     async def _restored(self, pod: Obj, ck_name: str, st: Obj) -> None:
         patch = [{"op": "test", "path": "/metadata/uid", "value": pod["metadata"]["uid"]},
@@ -71,7 +72,7 @@ class RestoreController(Controller):
         await self.recorder.record(pod, "Normal", "Restored",
                                    f"Restored on {where} from checkpoint {ck_name}, taken {age} ago")
 
-    async def _start_afresh(self, pod: Obj, ck_name: str, why: str) -> None:
+    async def _start_afresh(self, pod: Obj, ck_name: str, why: str, ck: Obj | None) -> None:
         md = pod["metadata"]
         try:
             await self.client.post_subresource(PODS, md["name"], "replacement", replacement_of(pod, None, None),
@@ -82,3 +83,21 @@ class RestoreController(Controller):
             raise
         await self.recorder.record(pod, "Warning", "MoveFailed",
                                    f"Could not restore from checkpoint {ck_name} ({why}); the pod starts afresh")
+        await self._rollback_failed_too(ck, pod, why)
+
+    async def _rollback_failed_too(self, ck: Obj | None, pod: Obj, why: str) -> None:
+        """A rolled-back move whose restore on the source failed as well: its Checkpoint,
+        which said "rolled back", says the pod started afresh (written once, guarded)."""
+        st = (ck or {}).get("status") or {}
+        if ck is None or st.get("phase") != "Failed" or st.get("rollbackPodUID") != pod["metadata"]["uid"]:
+            return
+        message = f"{st.get('message')}; the restore on {pod['spec'].get('nodeName')} failed too ({why}): " \
+                  "the pod started afresh"
+        try:
+            await self.client.patch(CHECKPOINTS, ck["metadata"]["name"],
+                                    {"metadata": {"resourceVersion": ck["metadata"]["resourceVersion"]},
+                                     "status": {"message": message}},
+                                    ck["metadata"]["namespace"], subresource="status")
+        except ApiError as e:
+            if e.code not in (404, 409):
+                raise
