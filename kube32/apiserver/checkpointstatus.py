@@ -33,10 +33,10 @@ Obj = dict[str, Any]
 
 DATA_STORED = movability.DATA_STORED
 gone = movability.data_gone
-RESTARTED = ("ControlPlaneRestarted",
-             "the data was lost when the control plane restarted (checkpoint data lives in its memory)")
-DROPPED = ("Dropped", "the data was dropped to make room for newer checkpoint data (the control plane's "
-                      "checkpoint space was full)")
+RESTARTED = ("ControlPlaneRestarted", "the checkpoint's data was lost when the control plane restarted "
+                                      "(it lives in the control plane's memory)")
+DROPPED = ("Dropped", "the checkpoint's data was dropped to make room for newer checkpoint data "
+                      "(the control plane's checkpoint space was full)")
 
 
 def _now() -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -45,9 +46,21 @@ Obj = dict[str, Any]
 
 FREEZE_TIMEOUT_MS = 10000
 MOVING_WRITE_DELAY = 0.05  # s after the replacement: see _save_and_continue
+# Test-only fault (tests/e2e/test_rollbacks.py): with KUBE32_TEST_FAULTS=hold-moving-status in
+# the control plane's environment, a move labelled kube32.io/test-fault: hold-moving-status
+# writes its Moving status 30 s after the replacement instead of 50 ms (a window to restart
+# the control plane between the two).  Off unless both are given.
+TEST_FAULT_LABEL = "kube32.io/test-fault"
+HOLD_MOVING = "hold-moving-status"
+HOLD_MOVING_SECONDS = 30.0
 FINISHED = ("Saved", "Completed", "Failed")
 WAITING_FOR_TURN = "waiting for its turn: the control plane takes one snapshot at a time"
 TRIGGER = movability.TRIGGER
+
+
+def _test_fault(ck: Obj, name: str) -> bool:
+    return name in os.environ.get("KUBE32_TEST_FAULTS", "").split(",") \
+        and (ck["metadata"].get("labels") or {}).get(TEST_FAULT_LABEL) == name
 
 
 def interp_mops(node: Obj) -> float:
@@ -381,7 +394,7 @@ class CheckpointController(Controller):
         # runs without the control plane serving these writes and their watch events in its
         # middle.  The replacement does not depend on them; its own status is what a user,
         # a Service and the Deployment wait for.
-        await asyncio.sleep(MOVING_WRITE_DELAY)
+        await asyncio.sleep(HOLD_MOVING_SECONDS if _test_fault(ck, HOLD_MOVING) else MOVING_WRITE_DELAY)
         await self._set_status(ck, phase="Moving", takenAt=rfc3339(), targetNode=target, newPodName=pod_name,
                                newPodUID=new["metadata"]["uid"], frozenAtMs=frozen_at, movingSinceMs=_now_ms(),
                                **facts, **self._window_fields(ck))
@@ -596,8 +609,8 @@ class CheckpointController(Controller):
             raise
         if lost:
             on = f"on {source}" if back_to else f"where the scheduler binds it ({source} is not Ready)"
-            message = f"not rolled back, the pod starts afresh {on}: {why}; the checkpoint's data is gone " \
-                      f"({lost.get('message')})"
+            message = f"not rolled back, the pod starts afresh {on}: {why}; " \
+                      f"{lost.get('message') or 'the checkpoint has no data'}"
         else:
             where = f"to {source}" if back_to else f"to the scheduler ({source} is not Ready)"
             message = f"rolled back {where}: {why}"

@@ -7,8 +7,8 @@ control-plane`` + ``kube32-sim worker``), so a test can SIGKILL one node or rest
 control plane alone on the same data directory and port.  Faults a process cannot be
 made to have from outside are test-only hooks: ``kube32-sim worker --fault
 hang-restores|truncate-restores|slow-snapshots`` and, in the control plane,
-``KUBE32_TEST_FAULTS=corrupt-stored-data`` for Checkpoints labelled
-``kube32.io/test-fault: corrupt-stored-data``.
+``KUBE32_TEST_FAULTS=corrupt-stored-data,hold-moving-status`` for Checkpoints labelled
+``kube32.io/test-fault: corrupt-stored-data`` (or ``hold-moving-status``: tests/e2e/test_rollbacks.py).
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class FaultCluster(ControlPlane):
         n = len(list(self.data_dir.glob("control-plane*.log")))
         self.proc = start(sim_command("control-plane", "--data-dir", str(self.data_dir), "--port", str(self.port),
                                       *CP_FLAGS), self.data_dir / f"control-plane{n}.log",
-                          env={"KUBE32_TEST_FAULTS": "corrupt-stored-data"})
+                          env={"KUBE32_TEST_FAULTS": "corrupt-stored-data,hold-moving-status"})
         wait_for(lambda: "listening on" in self.proc.output() or self.proc.popen.poll() is not None, 30,
                  what="the control plane to listen")
         assert self.proc.popen.poll() is None, self.proc.output()
