@@ -2,7 +2,9 @@
 
 Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
 
-* ``Pending`` -> check the pod spec for blockers and pick the target (Move), then
+* ``Pending`` -> check the pod spec for blockers and pick the target (Move); wait for
+  the control plane's one snapshot slot (still ``Pending``, ``status.message`` saying so:
+  ``Saving`` means frozen), then
   ``Saving`` (with ``status.targetNode`` for a Move, so the target's kubelet asks for
   the data before it is stored: kube32.kubelet.prefetch): ask the pod's kubelet for a snapshot (``leave=running`` for Save,
   ``leave=frozen`` for Move) through the node proxy and stream it straight into
@@ -14,13 +16,19 @@ Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
   a Moved event with the time from the freeze.  When it fails to restore, fails,
   or does not run within the rollback timeout (60 s): the pod goes back to its
   source node (or, when that node is not Ready, to the scheduler) and restores
-  from the same Checkpoint; the Checkpoint turns ``Failed`` with the reason.
+  from the same Checkpoint; the Checkpoint turns ``Failed`` with the reason.  A
+  replacement that ran once is Completed whatever it does later.  When the Checkpoint's
+  data is gone (``DataStored=False``: kube32.apiserver.checkpointstatus) there is nothing
+  to roll back: the pod is replaced afresh on its source, and the message says so.
 * A failure before the replacement thaws the pod where it runs.
 
 Invariants: the control plane takes one snapshot at a time (one lock around the
 snapshot's transfer; others wait); every pod write names the uid it expects, so a pod replaced or deleted
 meanwhile is never overwritten; a ``Saving`` phase found with no snapshot in
-progress here (a control plane restart) fails and thaws, so no pod stays frozen.
+progress here (a control plane restart) fails and thaws at once, so no pod stays frozen -
+unless the move's replacement was written: then the move goes on as ``Moving`` and the
+replacement decides it.  A move's replacement is only ever decided here
+(:func:`replaced_by_move`: no eviction, node lifecycle or PodGC deletes it).
 Bookkeeping lives in status (``podUID``, ``newPodUID``, ``frozenAtMs``, ``movingSinceMs``,
 ``finishedAt``), so the controller picks up where it was after a restart.
 """
