@@ -103,15 +103,9 @@ async def lost_at_start(registry: "Registry") -> None:
     await _mark(registry, [c for c in items if _had_data(c) and gone(c) is None], RESTARTED, _had_data)
 
 
-async def dropped(registry: "Registry", names: Iterable[str], has_data: Callable[[str], bool]) -> None:
-    """Data of the Checkpoints named ``names`` (in any namespace) was dropped to make room:
-    those whose status still shows facts while ``has_data(uid)`` is False say so."""
-    wanted = set(names)
-    if not wanted:
-        return
-    items, _ = await registry.list(_checkpoints(), None)
-
-    def lacks(ck: Obj) -> bool:
-        st = ck.get("status") or {}
-        return "sizeBytes" in st and not has_data(ck["metadata"]["uid"])
-    await _mark(registry, [c for c in items if c["metadata"]["name"] in wanted and lacks(c)], DROPPED, lacks)
+async def dropped(registry: "Registry", going: Iterable[tuple[str, str, str]],
+                  has_data: Callable[[str], bool]) -> None:
+    """The data of these Checkpoints (namespace, name, uid) was dropped to make room; one
+    that has data again by the time it is marked (stored anew meanwhile) is left alone."""
+    await _mark(registry, [{"metadata": {"namespace": ns, "name": name, "uid": uid}} for ns, name, uid in going],
+                DROPPED, lambda ck: not has_data(ck["metadata"]["uid"]))
