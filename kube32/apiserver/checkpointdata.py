@@ -58,6 +58,7 @@ import os
 from typing import TYPE_CHECKING, Any, Iterator
 
 import aiohttp
+import yarl
 from aiohttp import web
 
 from ..snapshot import TRAILER_SIZE, SnapshotError, SnapshotReader
@@ -66,7 +67,7 @@ from ..snapshot.writer import ASYNC_WRITE
 from . import authz, checkpointstatus, errors
 from .dataspace import (BOARD_CAPACITY, IN_FLIGHT_PHASES, SIM_CAPACITY, Buffer, CheckpointDataSpace, Held, Pace,
                         PaceClock, Standing, Stored, standings, to_drop)
-from .proxy import kubelet_base
+from .proxy import check_suffix, kubelet_base, kubelet_url
 from .resources import Resource, by_plural
 
 if TYPE_CHECKING:
@@ -393,6 +394,7 @@ class CheckpointDataAPI:
         if not pod or not container or any("/" in v for v in (node, pod, container)):
             raise errors.bad_request("fromNode needs pod and container (names, without '/')")
         path = f"checkpoint/{t.namespace}/{pod}/{container}"
+        check_suffix(path)   # no dot segments for names: the node's URL names this pod alone
         attrs = authz.request_attributes(request["user"], "POST", f"/api/v1/nodes/{node}/proxy/{path}", {})
         allowed, reason = await self.server.authorizer.authorize(attrs)
         if not allowed:
@@ -403,10 +405,10 @@ class CheckpointDataAPI:
         async with self._pulling:  # taken before the node freezes its pod: the next pull waits
             ck = await self.server.registry.get(t.res, t.namespace, t.name)
             with self._one_upload(t, ck, by_user=False):
-                url = f"{kubelet_base(await self.server._node(node))}/{path}"
+                url = kubelet_url(kubelet_base(await self.server._node(node)), path.split("/"))
                 return await self._pull_from(t, ck, node, url, params)
 
-    async def _pull_from(self, t: "Target", ck: dict[str, Any], node: str, url: str,
+    async def _pull_from(self, t: "Target", ck: dict[str, Any], node: str, url: yarl.URL,
                          params: dict[str, str]) -> web.StreamResponse:
         kubelets = self.server.kubelets
         failed = f"the snapshot transfer from {node} failed"

@@ -33,7 +33,7 @@ from . import (authz, bodies, discovery, dryrun, errors, eventbus, images, imper
                rbac, serviceaccounts, tables)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .eviction import EvictionHandler
-from .proxy import KubeletProxy, kubelet_base, ready_pods
+from .proxy import KubeletProxy, check_suffix, kubelet_base, kubelet_url, proxied_name, ready_pods
 from .registry import PATCH_APPLY, PATCH_TYPES, Registry
 from .resources import Resource, by_plural, lookup
 from .selectors import parse_field_selector, parse_label_selector
@@ -224,6 +224,8 @@ class APIServer:
             raise errors.bad_request(f"{res.plural}/{sub} is not supported: {why}") if why else nf
         if rest and sub != "proxy":
             raise nf
+        if sub == "proxy":
+            check_suffix(rest)   # before any lookup: a refusal says nothing of what exists
         if name is not None and not name:
             raise nf
         return Target(res, ns, name, sub, rest)
@@ -511,19 +513,21 @@ class APIServer:
         return pod, kubelet_base(await self._node(node_name))
 
     async def proxy(self, request: web.Request, t: Target) -> web.StreamResponse:
+        """The node, pod or service proxy: the caller's suffix (checked in :meth:`_target`)
+        goes only under the object it was authorised for (:func:`~.proxy.kubelet_url`)."""
         assert t.name is not None
-        name = t.name.split(":")[1] if t.name.count(":") == 2 else t.name.split(":")[0]
-        path = quote(t.rest, safe="/:@!$&'()*+,;=-._~")
-        qs = f"?{request.query_string}" if request.query_string else ""
+        name = proxied_name(t.res.kind, t.name)
+        query = request.rel_url.raw_query_string   # as sent: decoding it would change it
         if t.res.plural == "nodes":
             base = kubelet_base(await self._node(name))
-            return await self.kubelets.forward(request, f"{base}/{path}{qs}")
+            return await self.kubelets.forward(request, kubelet_url(base, [], t.rest, query))
         assert t.namespace is not None
         if t.res.plural == "services":
             pod = await self._service_pod(t.namespace, name)
             name = pod["metadata"]["name"]
         _, base = await self._pod_base(t.namespace, name)
-        return await self.kubelets.forward(request, f"{base}/pods/{t.namespace}/{name}/http/{path}{qs}")
+        return await self.kubelets.forward(
+            request, kubelet_url(base, ["pods", t.namespace, name, "http"], t.rest, query))
 
     async def _service_pod(self, ns: str, name: str) -> dict:
         svc = await self.registry.get(by_plural("services"), ns, name)
@@ -550,8 +554,8 @@ class APIServer:
                                      f"a container name must be specified for pod {t.name}, choose one of: {containers}")
         q = {k: v for k, v in request.query.items() if k in ("follow", "tailLines", "timestamps", "previous", "sinceSeconds", "sinceTime",
                                                             "limitBytes")}
-        qs = "&".join(f"{k}={quote(v)}" for k, v in q.items())
-        url = f"{base}/containerLogs/{t.namespace}/{t.name}/{container}" + (f"?{qs}" if qs else "")
+        qs = "&".join(f"{k}={quote(v, safe='')}" for k, v in q.items())
+        url = kubelet_url(base, ["containerLogs", t.namespace, t.name, container], query=qs)
         return await self.kubelets.forward(request, url, method="GET", statuses=True)
 
 
