@@ -67,7 +67,7 @@ from aiohttp import web
 from ..snapshot import TRAILER_SIZE, SnapshotError, SnapshotReader
 from ..snapshot.parallel import prefault
 from ..snapshot.writer import ASYNC_WRITE
-from . import authz, errors
+from . import authz, checkpointstatus, errors
 from .dataspace import (BOARD_CAPACITY, IN_FLIGHT_PHASES, SIM_CAPACITY, Buffer, CheckpointDataSpace, Held, Pace,
                         PaceClock, Standing, Stored, standings, to_drop)
 from .eventbus import Hold
@@ -378,7 +378,7 @@ class CheckpointDataAPI:
         def set_facts(obj: dict[str, Any]) -> dict[str, Any]:
             if obj["metadata"]["uid"] != uid:
                 raise errors.conflict("checkpoints", t.name, "kube32.io", "the Checkpoint was replaced during the upload")
-            obj.setdefault("status", {}).update(facts)
+            checkpointstatus.stored(obj.setdefault("status", {}), facts)
             return obj
         try:
             async with self._storing:
@@ -396,6 +396,9 @@ class CheckpointDataAPI:
         for h in going:
             log.info("checkpoint data of %s/%s (%d bytes) dropped for %s/%s's", h.namespace,
                      h.name, h.size, ns, t.name)
+        # The Checkpoints whose data made room say so (checkpointstatus: their facts go).
+        await checkpointstatus.dropped(self.server.registry, [(h.namespace, h.name, h.uid) for h in going],
+                                       lambda u: self.space.stored(u) is not None)
         return out
 
     async def _pull(self, request: web.Request, t: "Target") -> web.StreamResponse:

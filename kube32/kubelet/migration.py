@@ -55,12 +55,16 @@ log = logging.getLogger("kube32.kubelet.migration")
 # corrupt-restores flips one byte of every snapshot this node restores, as damage in
 # transfer would; the real checks must then refuse it.  truncate-restores ends the
 # download of every restore halfway.  hang-restores never finishes a restore (a target
-# that never starts the replacement).  slow-snapshots sends half of every snapshot taken
-# for a move (leave=frozen) and then waits 8 s before the rest: a window to kill the node
-# or the control plane mid-transfer, or to publish events, and shorter than the 10 s
-# without a byte after which the API server gives up on the snapshot
-# (kube32.apiserver.dataspace.Pace), so the move then completes.
-FAULTS = ("corrupt-restores", "truncate-restores", "hang-restores", "slow-snapshots")
+# that never starts the replacement).  crash-restores fails every pod that would restore here
+# before its restore begins, as a node whose runtime cannot load the module would: the
+# container ends terminated with reason Error (not RestoreError) and is restarted with
+# back-off.  slow-snapshots sends half of every snapshot taken for a move (leave=frozen)
+# and then waits 8 s before the rest: a window to kill the node or the control plane
+# mid-transfer, or to publish events, and shorter than the 10 s without a byte after
+# which the API server gives up on the snapshot (kube32.apiserver.dataspace.Pace), so
+# the move then completes.
+FAULTS = ("corrupt-restores", "truncate-restores", "hang-restores", "crash-restores", "slow-snapshots")
+CRASH_RESTORES_MESSAGE = "injected fault crash-restores: this node cannot load the module of a pod to restore"
 SLOW_SNAPSHOT_PAUSE = 8.0
 
 EVENTS_SEQ_WAIT = 2.0  # s: how long a snapshot waits for the topic line it must follow
