@@ -6,17 +6,10 @@ normally when the cancellation arrives just as the awaited event is set (the
 cancellation is lost: python/cpython#86296), and a ``while True`` status loop then
 runs on and its owner's ``await task`` after ``task.cancel()`` never returns - a
 process that does not stop on SIGTERM.  `asyncio.wait` never loses one.
-
-`SHUTDOWN_GRACE_SECONDS` is how long a stopping server lets the requests in progress
-finish before it cancels them.  aiohttp's default waits 60 s for each connection, and a
-long-lived stream (a topic subscription, a followed log, a proxied stream) never
-finishes by itself: a control plane with workers connected did not stop on SIGTERM.
 """
 from __future__ import annotations
 
 import asyncio
-
-SHUTDOWN_GRACE_SECONDS = 3.0
 
 
 async def wait_set(event: asyncio.Event, timeout: float) -> bool:

@@ -443,7 +443,7 @@ async def _review_body(request: web.Request, what: str,
     if raw.startswith(b"k8s\x00"):
         body: Any = proto(raw)
     else:
-        body = bodies.decode(raw, bodies.media_type(request), f"cannot create {what}")
+        body = await bodies.decode_async(raw, bodies.media_type(request), f"cannot create {what}")
     if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
         raise errors.bad_request(f"cannot create {what}: the body must be an object with a spec")
     return body, body["spec"]

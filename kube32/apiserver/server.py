@@ -28,13 +28,15 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from .. import serving
 from ..store import Store
 from . import (authz, bodies, discovery, dryrun, errors, eventbus, images, impersonation, meta, nodecredentials,
                rbac, serviceaccounts, tables)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .eviction import EvictionHandler
+from .limits import MAX_DEPTH
 from .proxy import KubeletProxy, check_suffix, kubelet_base, kubelet_url, proxied_name, ready_pods
-from .registry import PATCH_APPLY, PATCH_TYPES, Registry
+from .registry import PATCH_APPLY, PATCH_TYPES, Registry, patch_refusal
 from .resources import Resource, by_plural, lookup
 from .selectors import parse_field_selector, parse_label_selector
 
@@ -80,8 +82,11 @@ class APIServer:
 
     # --- app ------------------------------------------------------------------
     def _build_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors_middleware, self._auth_middleware],
+        heavy = bodies.HeavyBodies()
+        app = web.Application(middlewares=[serving.track_requests, heavy.middleware, self._errors_middleware,
+                                           self._auth_middleware],
                               client_max_size=bodies.MAX_BODY)
+        app[bodies.HeavyBodies.KEY] = heavy
         r = app.router
         r.add_get("/version", self.version)
         for p in ("/healthz", "/readyz", "/livez"):
@@ -132,6 +137,12 @@ class APIServer:
             raise
         except (asyncio.CancelledError, ConnectionResetError):
             raise
+        except RecursionError:
+            # Every decoder and patch bounds nesting (limits.MAX_DEPTH); this is the net
+            # under them: the client's too-deep input, never a 500.
+            log.warning("a request nested too deep for a bound: %s %s", request.method, request.path)
+            return json_response(errors.bad_request(f"the request nests too deeply to be handled "
+                                                    f"(at most {MAX_DEPTH} levels)").status(), 400)
         except Exception as e:  # noqa: BLE001 - the server must outlive any request
             log.exception("internal error serving %s %s", request.method, request.path)
             return json_response(errors.internal(f"an internal error occurred: {type(e).__name__}: {e}").status(), 500)
@@ -194,8 +205,10 @@ class APIServer:
 
     async def token_review(self, request: web.Request) -> web.Response:
         """TokenReview: kubelets check who calls their endpoints (webhook authentication)."""
-        body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot create tokenreviews")
-        token = ((body or {}).get("spec") or {}).get("token", "") if isinstance(body, dict) else ""
+        body = await bodies.read_body(request, "cannot create tokenreviews")
+        token = meta.nested(body, "spec", "token") or ""
+        if not isinstance(token, str):
+            raise errors.bad_request("cannot create tokenreviews: spec.token must be a string")
         user = self.auth.authenticate(f"Bearer {token}") if token else None
         if user is not None and not await serviceaccounts.still_valid(self, user):
             user = None
@@ -335,8 +348,7 @@ class APIServer:
         return resp
 
     async def _body(self, request: web.Request, t: Target, what: str) -> tuple[Any, list[str]]:
-        raw = await bodies.read_raw(request)
-        obj = bodies.decode(raw, bodies.media_type(request), what)
+        obj = await bodies.read_body(request, what)
         warnings = bodies.check_fields(t.res, obj, request.query.get("fieldValidation", "Warn"))
         return obj, warnings
 
@@ -368,9 +380,8 @@ class APIServer:
         if ptype not in PATCH_TYPES:
             raise errors.unsupported_media_type(ptype)
         dry_run = dryrun.requested(request, kind="PatchOptions")
-        raw = await bodies.read_raw(request)
-        body = bodies.decode(raw, "application/yaml" if ptype == PATCH_APPLY else "application/json",
-                             f"cannot patch {t.res.plural}")
+        body = await bodies.read_body(request, f"cannot patch {t.res.plural}",
+                                      "application/yaml" if ptype == PATCH_APPLY else "application/json")
         warnings: list[str] = []
         if ptype == PATCH_APPLY:
             warnings = bodies.check_fields(t.res, body, request.query.get("fieldValidation", "Warn"))
@@ -400,7 +411,7 @@ class APIServer:
         if request.body_exists:
             raw = await bodies.read_raw(request)
             if raw.strip():
-                decoded = bodies.decode(raw, bodies.media_type(request), "cannot decode the delete options")
+                decoded = await bodies.decode_async(raw, bodies.media_type(request), "cannot decode the delete options")
                 if not isinstance(decoded, dict):
                     raise errors.bad_request("the delete options must be an object")
                 options = decoded
@@ -439,15 +450,19 @@ class APIServer:
             return json_response(_scale_of(await self.registry.get(t.res, t.namespace, t.name)))
         dry_run = dryrun.requested(request, kind="UpdateOptions" if request.method == "PUT" else "PatchOptions")
         if request.method == "PUT":
-            body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot update scale")
-            replicas = (body.get("spec") or {}).get("replicas") if isinstance(body, dict) else None
+            body = await bodies.read_body(request, "cannot update scale")
+            replicas = meta.nested(body, "spec", "replicas")
         elif request.method == "PATCH":
             ptype = bodies.media_type(request)
-            patch = bodies.decode(await bodies.read_raw(request), "application/json", "cannot patch scale")
+            patch = await bodies.read_body(request, "cannot patch scale", "application/json")
             current = _scale_of(await self.registry.get(t.res, t.namespace, t.name))
-            from .patch import json_merge_patch, json_patch  # the scale object has no merge keys
-            patched = json_patch(current, patch) if ptype == "application/json-patch+json" else json_merge_patch(current, patch)
-            replicas = (patched.get("spec") or {}).get("replicas")
+            from .patch import PatchError, json_merge_patch, json_patch  # the scale object has no merge keys
+            try:
+                patched = (json_patch(current, patch) if ptype == "application/json-patch+json"
+                           else json_merge_patch(current, patch))
+            except PatchError as e:
+                raise patch_refusal(e) from None
+            replicas = meta.nested(patched, "spec", "replicas")
         else:
             raise errors.method_not_allowed("the server does not allow this method on the requested resource")
         if not isinstance(replicas, int) or replicas < 0:
@@ -462,9 +477,9 @@ class APIServer:
     async def binding(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None and t.res.plural == "pods"
         dry_run = dryrun.requested(request)
-        body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot create bindings")
-        node = ((body or {}).get("target") or {}).get("name") if isinstance(body, dict) else None
-        if not node:
+        body = await bodies.read_body(request, "cannot create bindings")
+        node = meta.nested(body, "target", "name")
+        if not node or not isinstance(node, str):
             raise errors.invalid("Binding", t.name, [("target.name", "Required value")])
 
         def bind(pod: dict) -> dict:
@@ -480,7 +495,7 @@ class APIServer:
 
     async def eviction(self, request: web.Request, t: Target) -> web.StreamResponse:
         assert t.name is not None
-        body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot create evictions")
+        body = await bodies.read_body(request, "cannot create evictions")
         if not isinstance(body, dict):
             raise errors.bad_request("an Eviction must be an object")
         if self.eviction_handler is not None:
@@ -494,8 +509,10 @@ class APIServer:
 
     async def finalize_namespace(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None
-        body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot finalize namespaces")
-        wanted = ((body or {}).get("spec") or {}).get("finalizers") or []
+        body = await bodies.read_body(request, "cannot finalize namespaces")
+        wanted = meta.nested(body, "spec", "finalizers") or []
+        if not isinstance(wanted, list) or not all(isinstance(f, str) for f in wanted):
+            raise errors.bad_request("cannot finalize namespaces: spec.finalizers must be a list of strings")
 
         def finalize(ns: dict) -> dict:
             # An empty list, not a missing key: the namespace defaulting re-adds a missing one.

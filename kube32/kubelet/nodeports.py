@@ -24,8 +24,7 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 
-from .. import urlpath
-from ..aio import SHUTDOWN_GRACE_SECONDS
+from .. import serving, urlpath
 from ..client import SERVICES, Informer
 
 if TYPE_CHECKING:
@@ -76,9 +75,9 @@ class NodePorts:
                     await self._listen(port, target)
 
     async def _listen(self, port: int, target: tuple[str, str, int]) -> None:
-        app = web.Application(client_max_size=16 << 20)
+        app = web.Application(middlewares=[serving.track_requests], client_max_size=16 << 20)
         app.router.add_route("*", "/{path:.*}", self._forwarder(target))
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_SECONDS)
+        runner = serving.GuardedRunner(app, access_log=None)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.kl.ip, port, reuse_address=True).start()

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
-from .. import urlpath
+from .. import serving, urlpath
 from ..client import ApiError
 from ..wasm import HttpRequest, PodError, PodFrozen
 from . import migration
@@ -146,7 +146,7 @@ def build_app(kubelet: "Kubelet") -> web.Application:
             return _text(403, f'Forbidden: user "{user}" may not use the kubelet API')
         return await _limited(request, handler)
 
-    app = web.Application(middlewares=[confine, auth], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[serving.track_requests, confine, auth], client_max_size=MAX_BODY)
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, _bind(kubelet, handler))
     return app

@@ -6,7 +6,7 @@ listen (port 0 picks a free port), then write the kubeconfigs with the real
 address, so a kubeconfig never names a port nobody listens on.  SIGINT/SIGTERM
 stop it cleanly, workers connected or not: the listener closes, open watches and
 topic subscriptions end, the store closes, and a request still running after
-``SHUTDOWN_GRACE_SECONDS`` (a followed log, a proxied stream) is cancelled.
+``serving.SHUTDOWN_GRACE_SECONDS`` (a followed log, a proxied stream) is cancelled.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..aio import SHUTDOWN_GRACE_SECONDS
-from ..apiserver import pki, podreplacement
+from .. import serving
+from ..apiserver import checkpointstatus, pki, podreplacement
 from ..apiserver.auth import (APISERVER, BOOTSTRAP_USER, KUBELET_CLIENT, load_or_create_tokens,
                               read_token_file, write_kubeconfigs)
 from ..apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataAPI, CheckpointDataSpace
@@ -64,7 +64,7 @@ class ControlPlaneOptions:
 class ControlPlane:
     def __init__(self, opts: ControlPlaneOptions) -> None:
         self.opts = opts
-        self.runner: web.AppRunner | None = None
+        self.runner: serving.GuardedRunner | None = None
         self._socket_dir: Path | None = None
         self.server: APIServer | None = None
         self.store: SQLiteStore | None = None
@@ -95,9 +95,10 @@ class ControlPlane:
         self.server.pki_dir = pki_dir
         await self.server.ensure_defaults()
         CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))
+        # The data space starts empty: what the Checkpoints held is gone, and they say so.
+        await checkpointstatus.lost_at_start(self.server.registry)
         podreplacement.install(self.server)
-        self.runner = web.AppRunner(self.server.app, handler_cancellation=True, access_log=None,
-                                    shutdown_timeout=SHUTDOWN_GRACE_SECONDS)
+        self.runner = serving.GuardedRunner(self.server.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         ssl_ctx, ca_pem = None, None
         if not self.opts.insecure_http:
