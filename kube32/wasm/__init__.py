@@ -15,6 +15,7 @@ Public API (the kubelet codes against exactly this)::
                                           # ("wasmtime", "pwasm"; ValueError naming them, or
                                           # naming why one is not available here)
     rt.engine.name, rt.engine.runtime_version   # "pwasm", "pwasm://0.2a0"
+    engine_class(name)                    # ValueError as Runtime's, without making one
     mod = rt.load(wasm_bytes, expected_sha256=None)
         # -> Module(sha256, kind "request"|"command", entry_point, exports, size)
         # ImageError("image digest mismatch: expected ..., got ..."), or naming why the
@@ -76,7 +77,7 @@ from .abi import (
     K32_E2BIG, K32_EAGAIN, K32_EBADF, K32_EINTERNAL, K32_EINVAL, K32_ENOENT, K32_ENOSPC,
     K32_ESTATE, K32_OK,
 )
-from .engine import DEFAULT_ENGINE, ENGINES
+from .engine import DEFAULT_ENGINE, ENGINES, engine_class
 from .host import ChannelRegistry, Endpoint, HostServices
 from .pod import Pod
 from .runtime import Runtime
@@ -85,7 +86,7 @@ from .types import (
 )
 
 __all__ = [
-    "ENGINES", "DEFAULT_ENGINE", "Runtime", "Module", "PodConfig", "HttpRequest", "HttpResponse", "Pod", "PodFrozen",
+    "ENGINES", "DEFAULT_ENGINE", "engine_class", "Runtime", "Module", "PodConfig", "HttpRequest", "HttpResponse", "Pod", "PodFrozen",
     "CallTimeout", "ChannelRegistry", "Endpoint", "HostServices", "ImageError", "PodError",
     "K32_OK", "K32_EINVAL", "K32_ENOENT", "K32_EBADF", "K32_EAGAIN", "K32_ENOSPC",
     "K32_ESTATE", "K32_E2BIG", "K32_EINTERNAL",

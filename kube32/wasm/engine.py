@@ -54,7 +54,7 @@ from kube32.snapshot import NULL_FUNC
 from .binary import ModuleInfo
 
 __all__ = ["ENGINES", "DEFAULT_ENGINE", "NULL_FUNC", "Engine", "Instance", "CallFailed",
-           "InstantiateError", "HostFunction", "create"]
+           "InstantiateError", "HostFunction", "create", "engine_class"]
 
 # name -> "module:class"; a module is imported only when its engine is created.
 ENGINES: dict[str, str] = {
@@ -153,9 +153,9 @@ def memory_pages(limit_bytes: int) -> int:
     return max(1, -(-limit_bytes // PAGE))
 
 
-def create(name: str, cache_dir: Path | None = None) -> Engine:
-    """The engine called ``name``; ValueError naming the choices, or naming why it is
-    not available on this machine."""
+def engine_class(name: str) -> type[Engine]:
+    """The class of the engine called ``name``; ValueError naming the choices, or naming
+    why it is not available on this machine (its package has no build for this CPU)."""
     target = ENGINES.get(name)
     if target is None:
         raise ValueError(f'unknown engine "{name}" (choose one of: {", ".join(ENGINES)})')
@@ -164,4 +164,9 @@ def create(name: str, cache_dir: Path | None = None) -> Engine:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f'engine "{name}" is not available on this machine: {exc}') from None
-    return getattr(module, class_name)(cache_dir)
+    return getattr(module, class_name)
+
+
+def create(name: str, cache_dir: Path | None = None) -> Engine:
+    """The engine called ``name`` (ValueError as :func:`engine_class`)."""
+    return engine_class(name)(cache_dir)
