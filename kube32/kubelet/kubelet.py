@@ -18,6 +18,11 @@ Invariants:
   publishes go to the API server's topic bus (so pods on every node hear them), and
   one ChannelRegistry serves the node's pods.
 * Free heap = heap - drivers' share - the linear memories of the node's pods.
+* Admission, as Kubernetes' kubelet admits: a pod bound here that would push the
+  node's active pods' requests past its allocatable (memory, pod count, devices:
+  :mod:`kube32.podfit`, the scheduler's own reading) is not run; it ends ``Failed``
+  with reason ``OutOf<resource>`` and "Pod was rejected: Node didn't have enough
+  resource: ...", and a Warning Event says so.  New pods are admitted oldest first.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import base64
 import dataclasses
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -34,8 +40,10 @@ from typing import Any
 
 from aiohttp import web
 
+from .. import serving
 from ..aio import wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
+from ..podfit import allocatable, pod_requests, shortfalls
 from ..wasm import ChannelRegistry, Module, Pod, PodConfig, Runtime
 from ..wasm.abi import MAX_HELD_EVENTS
 from . import node as nodeinfo
@@ -106,6 +114,7 @@ class Kubelet:
         self.facts: nodeinfo.NodeFacts | None = None
         self.node_uid: str | None = None
         self._stopping: set[str] = set()
+        self._rejected: set[str] = set()   # uids refused at admission (their Failed status may lag)
         self.moved_away: dict[tuple[str, str], float] = {}  # (ns, name) -> when it left frozen
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()   # strong refs: the loop keeps only weak ones
@@ -130,7 +139,7 @@ class Kubelet:
                 ssl_ctx = server_ssl(node_join.server_context(
                     creds, o.data_dir if o.data_dir and o.data_dir.is_dir() else None), creds.ca)
         self.scheme = "https" if ssl_ctx is not None else "http"
-        self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None)
+        self._runner = serving.GuardedRunner(build_app(self), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, o.host, o.port, reuse_address=True, ssl_context=ssl_ctx)
         await site.start()
@@ -261,7 +270,10 @@ class Kubelet:
         return (live or found or [None])[0]
 
     def _reconcile(self) -> None:
-        desired = {p["metadata"]["uid"]: p for p in self.informer.list()}
+        pods = sorted(self.informer.list(), key=lambda p: (p["metadata"].get("creationTimestamp", ""),
+                                                           p["metadata"]["name"]))
+        desired = {p["metadata"]["uid"]: p for p in pods}
+        self._rejected = {uid for uid in self._rejected if uid in desired}
         for uid, worker in list(self.workers.items()):
             if uid not in desired and uid not in self._stopping:
                 self._stopping.add(uid)
@@ -274,8 +286,44 @@ class Kubelet:
                     self._spawn(self._terminate(pod, worker))
             elif worker is not None:
                 worker.update(pod)
-            elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and uid not in self._stopping:
-                self.workers[uid] = PodWorker(self, pod)
+            elif ((pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                  and uid not in self._stopping and uid not in self._rejected):
+                refusal = self._admission(pod)
+                if refusal is None:
+                    self.workers[uid] = PodWorker(self, pod)
+                else:
+                    self._rejected.add(uid)
+                    self._spawn(self._reject(pod, *refusal))
+
+    def _admission(self, pod: dict[str, Any]) -> tuple[str, str] | None:
+        """Why this node cannot run ``pod`` next to its active pods, as (reason, message)
+        in Kubernetes' words; None when it fits."""
+        assert self.facts is not None
+        active = [w.pod for w in self.workers.values() if w.phase not in ("Succeeded", "Failed")]
+        used: dict[str, Any] = {}
+        for other in active:
+            for name, amount in pod_requests(other).items():
+                used[name] = used.get(name, 0) + amount
+        short = shortfalls(pod, allocatable(nodeinfo.allocatable(self.facts)), used, len(active))
+        if not short:
+            return None
+        first = short[0]   # Kubernetes reports the first failed predicate
+        return (f"OutOf{first.resource}",
+                f"Node didn't have enough resource: {first.resource}, requested: {math.ceil(first.requested)}, "
+                f"used: {math.ceil(first.used)}, capacity: {math.floor(first.capacity)}")
+
+    async def _reject(self, pod: dict[str, Any], reason: str, message: str) -> None:
+        md = pod["metadata"]
+        log.warning("pod %s/%s rejected: %s", md["namespace"], md["name"], message)
+        status = {"phase": "Failed", "reason": reason, "message": f"Pod was rejected: {message}"}
+        try:
+            await self.client.patch(PODS, md["name"], [
+                {"op": "test", "path": "/metadata/uid", "value": md["uid"]},
+                {"op": "add", "path": "/status", "value": status}], md["namespace"],
+                type="json", subresource="status")
+        except ApiError as e:
+            log.warning("cannot mark pod %s/%s rejected: %s", md["namespace"], md["name"], e)
+        await self.events.record(pod, "Warning", reason, message)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .. import serving
 from ..apiserver import pki, podreplacement
 from ..apiserver.auth import (APISERVER, BOOTSTRAP_USER, KUBELET_CLIENT, load_or_create_tokens,
                               read_token_file, write_kubeconfigs)
@@ -61,7 +62,7 @@ class ControlPlaneOptions:
 class ControlPlane:
     def __init__(self, opts: ControlPlaneOptions) -> None:
         self.opts = opts
-        self.runner: web.AppRunner | None = None
+        self.runner: serving.GuardedRunner | None = None
         self._socket_dir: Path | None = None
         self.server: APIServer | None = None
         self.store: SQLiteStore | None = None
@@ -93,7 +94,7 @@ class ControlPlane:
         await self.server.ensure_defaults()
         CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))
         podreplacement.install(self.server)
-        self.runner = web.AppRunner(self.server.app, handler_cancellation=True, access_log=None)
+        self.runner = serving.GuardedRunner(self.server.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         ssl_ctx, ca_pem = None, None
         if not self.opts.insecure_http:
