@@ -492,6 +492,11 @@ class Registry:
             try:
                 if dry_run:
                     return (marked or obj), marked is None
+                if marked == obj:
+                    # Already terminating, and this DELETE asks nothing new (no finalizer to
+                    # add, no shorter grace period): as Kubernetes, the object unchanged and
+                    # no write - a write would wake every watcher, who may delete again.
+                    return obj, False
                 if marked is not None:
                     out = await self.store.update(kv.key, encode(marked), kv.mod_revision)
                     return decode(out), False

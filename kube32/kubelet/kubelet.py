@@ -13,7 +13,8 @@ Invariants:
   bound elsewhere: the filtered watch sends DELETED) is stopped and its object is
   never written again; a pod marked for deletion is stopped, then deleted with
   grace 0 and a UID precondition, so a replacement of the same name is never
-  deleted.
+  deleted.  That happens once per UID: a pod that stays (its finalizers pending)
+  is not deleted again (a DELETE that failed otherwise is tried at the next event).
 * The kubelet is the pods' HostServices: logs go to the worker's ring buffer,
   publishes go to the API server's topic bus (so pods on every node hear them), and
   one ChannelRegistry serves the node's pods.
@@ -36,7 +37,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from aiohttp import web
 
@@ -46,6 +47,7 @@ from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Infor
 from ..podfit import allocatable, pod_requests, shortfalls
 from ..wasm import ChannelRegistry, Module, Pod, PodConfig, Runtime
 from ..wasm.abi import MAX_HELD_EVENTS
+from ..wasm.pod import MAX_QUEUED_EVENTS
 from . import node as nodeinfo
 from . import join as node_join
 from . import migration
@@ -115,6 +117,7 @@ class Kubelet:
         self.node_uid: str | None = None
         self._stopping: set[str] = set()
         self._rejected: set[str] = set()   # uids refused at admission (their Failed status may lag)
+        self._terminated: set[str] = set()  # pods marked for deletion this node stopped (and deleted)
         self.moved_away: dict[tuple[str, str], float] = {}  # (ns, name) -> when it left frozen
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()   # strong refs: the loop keeps only weak ones
@@ -125,6 +128,8 @@ class Kubelet:
         self._transitions: dict[str, tuple[str, str]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.subscribed = asyncio.Event()
+        self.topic_seq = 0                   # the number of the latest topic line read (kube32.apiserver.eventbus)
+        self._topic_read = asyncio.Event()   # set by each line read
 
     # --- start and stop -----------------------------------------------------------
     async def start(self) -> None:
@@ -273,7 +278,8 @@ class Kubelet:
         pods = sorted(self.informer.list(), key=lambda p: (p["metadata"].get("creationTimestamp", ""),
                                                            p["metadata"]["name"]))
         desired = {p["metadata"]["uid"]: p for p in pods}
-        self._rejected = {uid for uid in self._rejected if uid in desired}
+        self._rejected &= desired.keys()
+        self._terminated &= desired.keys()
         for uid, worker in list(self.workers.items()):
             if uid not in desired and uid not in self._stopping:
                 self._stopping.add(uid)
@@ -281,7 +287,9 @@ class Kubelet:
         for uid, pod in desired.items():
             worker = self.workers.get(uid)
             if pod["metadata"].get("deletionTimestamp"):
-                if uid not in self._stopping:
+                # Stopped once: a pod that stays (a finalizer pending) is not deleted again
+                # at every event of this node's pods.
+                if uid not in self._stopping and uid not in self._terminated:
                     self._stopping.add(uid)
                     self._spawn(self._terminate(pod, worker))
             elif worker is not None:
@@ -363,8 +371,11 @@ class Kubelet:
             self.node_changed()
         try:
             await self.client.delete(PODS, md["name"], md["namespace"], grace_period=0, uid=md["uid"])
+            self._terminated.add(md["uid"])
         except ApiError as e:
-            if e.code not in (404, 409):
+            if e.code in (404, 409):
+                self._terminated.add(md["uid"])
+            else:
                 log.warning("cannot delete pod %s/%s: %s", md["namespace"], md["name"], e)
         finally:
             self._stopping.discard(md["uid"])
@@ -408,31 +419,52 @@ class Kubelet:
         except Exception as e:  # noqa: BLE001 - events are best effort
             log.warning("cannot publish to %s/%s: %s", ns, topic, e)
 
-    def deliver(self, ns: str, topic: str, payload: bytes, source: str) -> int:
+    def deliver(self, ns: str, topic: str, payload: bytes, source: str,
+                held: Iterable[str] = (), to: str | None = None) -> int:
+        """An event to this node's pods that hear its topic, but never to its publisher nor
+        to a pod the control plane holds it for (``held``: names of pods under a move).  A
+        held event released (``to``: a uid) goes to that pod only."""
         n = 0
         for worker in list(self.workers.values()):
             inst = worker.instance
             if (inst is None or worker.namespace != ns or topic not in inst.config.topics
-                    or source == f"pod/{worker.uid}"):
+                    or source == f"pod/{worker.uid}" or worker.name in held
+                    or (to is not None and worker.uid != to)):
                 continue
             dropped = inst.dropped_events
             inst.deliver_event(topic, payload)
-            if inst.dropped_events > dropped:
-                self._events_dropped(worker)
+            self.count_dropped(worker, inst.dropped_events - dropped)
             n += 1
         return n
 
-    def _events_dropped(self, worker: Any) -> None:
-        """A frozen pod holds at most 8 events; each one dropped past that shows as the
-        pod's Warning event EventsDropped, whose count (``kubectl get events``,
-        ``kubectl describe pod``) is the number dropped."""
+    def count_dropped(self, worker: Any, count: int) -> None:
+        """``count`` events for the pod were dropped (at most 8 wait for a frozen or moving
+        pod, 1024 for a running one): they show as the pod's Warning event EventsDropped,
+        whose count (``kubectl get events``, ``kubectl describe pod``) is the number dropped."""
+        if count <= 0:
+            return
+
         async def record() -> None:
             async with self._drop_lock:  # one after another: each bumps the same Event's count
                 await self.events.record(
                     worker.pod, "Warning", "EventsDropped",
-                    "An event arrived while the pod was frozen and was dropped: a frozen pod holds at most "
-                    f"{MAX_HELD_EVENTS} events (the count is the number dropped)")
+                    f"Events for the pod were dropped: at most {MAX_HELD_EVENTS} wait for a pod while it is "
+                    f"frozen or moving, {MAX_QUEUED_EVENTS} while it runs (the count is the number dropped)", count)
         self._spawn(record())
+
+    async def topics_read(self, seq: int, timeout: float) -> bool:
+        """Wait until the topic line ``seq`` has been read (every event published before it
+        has then been delivered here); False after ``timeout`` s (the subscription is down:
+        no event reaches this node then)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.topic_seq < seq:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._topic_read.clear()
+            await wait_set(self._topic_read, remaining)
+        return True
 
     async def _topic_loop(self) -> None:
         backoff = 0.1
@@ -456,11 +488,31 @@ class Kubelet:
             ev = json.loads(line)
         except json.JSONDecodeError:
             return
-        if ev.get("type") == "SUBSCRIBED":
+        if not isinstance(ev, dict):
+            return
+        self._read_line(ev.get("seq"))
+        kind = ev.get("type")
+        if kind == "SUBSCRIBED":
             self.subscribed.set()
+            return
+        to = ev.get("to")
+        if kind == "DROPPED":
+            worker = self.workers.get(to) if isinstance(to, str) else None
+            count = ev.get("count")
+            if worker is not None and isinstance(count, int):
+                self.count_dropped(worker, count)
             return
         try:
             payload = base64.b64decode(ev.get("payload", ""))
         except ValueError:
             return
-        self.deliver(ev.get("namespace", ""), ev.get("topic", ""), payload, ev.get("source", ""))
+        held = ev.get("held") or ()
+        self.deliver(ev.get("namespace", ""), ev.get("topic", ""), payload, ev.get("source", ""),
+                     held if isinstance(held, list) else (), to if isinstance(to, str) else None)
+
+    def _read_line(self, seq: Any) -> None:
+        """Each line is numbered one after the last (a SUBSCRIBED line numbers the latest
+        before it: after a reconnection, or a control plane restart, the count starts there)."""
+        if isinstance(seq, int):
+            self.topic_seq = seq
+            self._topic_read.set()

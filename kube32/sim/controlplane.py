@@ -20,7 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .. import serving
-from ..apiserver import pki, podreplacement
+from ..apiserver import checkpointstatus, pki, podreplacement
 from ..apiserver.auth import (APISERVER, BOOTSTRAP_USER, KUBELET_CLIENT, load_or_create_tokens,
                               read_token_file, write_kubeconfigs)
 from ..apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataAPI, CheckpointDataSpace
@@ -93,6 +93,8 @@ class ControlPlane:
         self.server.pki_dir = pki_dir
         await self.server.ensure_defaults()
         CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))
+        # The data space starts empty: what the Checkpoints held is gone, and they say so.
+        await checkpointstatus.lost_at_start(self.server.registry)
         podreplacement.install(self.server)
         self.runner = serving.GuardedRunner(self.server.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
