@@ -41,9 +41,9 @@ def faster(candidate: Obj, current: Obj) -> bool:
     """Whether ``candidate`` is at least twice as fast as ``current`` (spec: "Policies").
 
     The kubelets' figures are the best of several runs in CPU time (repeatable within
-    a few per cent on a loaded machine), and board profiles report their modelled
-    speed; two nodes that measured on the same machine with the same engine are the
-    same speed by construction, so any difference between them is noise."""
+    a few per cent on a loaded machine); two nodes that measured on the same machine
+    with the same engine are the same speed by construction, so any difference between
+    them is noise.  A figure given with ``--interp-mops`` names no machine."""
     key = movability.INTERP_MOPS_MEASURED_ON
     on = (candidate["metadata"].get("annotations") or {}).get(key)
     if on and on == (current["metadata"].get("annotations") or {}).get(key):

@@ -49,7 +49,6 @@ from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Infor
 from ..movability import INTERP_MOPS_MEASURED_ON
 from ..podfit import allocatable, pod_requests, shortfalls
 from ..wasm import ChannelRegistry, Module, Pod, PodConfig, Runtime
-from ..wasm.runtime import CONFIG_TAG as RUNTIME_ENGINE
 from ..wasm.abi import MAX_HELD_EVENTS
 from ..wasm.pod import MAX_QUEUED_EVENTS
 from . import drain
@@ -79,7 +78,8 @@ class KubeletOptions:
     driver_bytes: int = 0                # the heap drivers hold (display, SD, ...)
     devices: tuple[str, ...] = ()
     max_pods: int = 110
-    interp_mops: float | None = None     # None: measure at boot
+    interp_mops: float | None = None     # None: measure at boot (on the engine below)
+    engine: str = "wasmtime"             # the Wasm engine: kube32.wasm.ENGINES
     control_plane: bool = False
     lease_interval: float = 10.0
     lease_duration: int = 40
@@ -105,7 +105,7 @@ class Kubelet:
         self.options = options
         self.ip = options.host if options.host not in ("0.0.0.0", "") else "127.0.0.1"
         cache = options.data_dir
-        self.runtime = Runtime(cache / "compiled" if cache else None)
+        self.runtime = Runtime(cache / "compiled" if cache else None, engine=options.engine)
         self.images = ImagePuller(client, cache / "images" if cache else None)
         self.events = EventRecorder(client, "kubelet", options.node_name)
         self.channels = ChannelRegistry()
@@ -144,7 +144,7 @@ class Kubelet:
             self.interp_mops = o.interp_mops
         else:
             self.interp_mops = await asyncio.to_thread(self.runtime.measure_mops)
-            measured = nodeinfo.measured_on(RUNTIME_ENGINE)
+            measured = nodeinfo.measured_on(self.runtime.engine.tag)
         ssl_ctx = None
         if o.join:
             creds = await node_join.join(self.client, o.node_name, [self.ip, o.host, "localhost"],
@@ -160,7 +160,8 @@ class Kubelet:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.facts = nodeinfo.NodeFacts(o.node_name, self.ip, self.port, o.profile, o.heap_bytes,
                                         o.driver_bytes, tuple(o.devices), o.max_pods, o.control_plane,
-                                        self.interp_mops, str(uuid.uuid4()), measured)
+                                        self.interp_mops, str(uuid.uuid4()),
+                                        runtime_version=self.runtime.engine.runtime_version, measured_on=measured)
         await self._register()
         self.informer.add_handler(lambda *_: self._reconcile())
         self._tasks += [self.informer.start(),
@@ -169,7 +170,8 @@ class Kubelet:
                         asyncio.create_task(self._topic_loop(), name="kubelet-topics"),
                         asyncio.create_task(migration.thaw_forgotten(self), name="kubelet-thaw"),
                         self.nodeports.start(), *self.prefetch.start()]
-        log.info("kubelet %s serving on %s:%d (interp-mops %.2f)", o.node_name, self.ip, self.port, self.interp_mops)
+        log.info("kubelet %s serving on %s:%d (%s, interp-mops %.2f)", o.node_name, self.ip, self.port,
+                 self.runtime.engine.runtime_version, self.interp_mops)
 
     async def stop(self) -> None:
         for t in self._tasks:

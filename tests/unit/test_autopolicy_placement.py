@@ -39,7 +39,7 @@ def test_identical_nodes_of_one_machine_are_never_faster_than_each_other() -> No
 def test_twice_as_fast_is_needed_between_machines_and_given_figures() -> None:
     assert faster(node("remote", 5000, "fedcba9876543210"), node("sim-1", 2400, HOST))
     assert not faster(node("remote", 4700, "fedcba9876543210"), node("sim-1", 2400, HOST))
-    # Figures given with --interp-mops or modelled by a board profile carry no machine.
+    # Figures given with --interp-mops carry no machine.
     assert faster(node("turbo", 1000), node("sim-1", 100))
     assert not faster(node("devkit", 8.2), node("cardputer", 7.0))
     assert faster(node("sim-1", 7000, HOST), node("devkit", 8.2))

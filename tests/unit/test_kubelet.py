@@ -310,7 +310,8 @@ async def test_a_pod_kept_by_a_finalizer_is_stopped_and_deleted_once(tmp_path: P
 
 def test_node_status_reports_memory_pressure_below_24_kib() -> None:
     from kube32.kubelet.node import NodeFacts, node_status
-    facts = NodeFacts("n", "127.0.0.1", 1, "cardputer", 320 << 10, 96 << 10, ("keyboard",), 8, False, 7.0, "b")
+    facts = NodeFacts("n", "127.0.0.1", 1, "cardputer", 320 << 10, 96 << 10, ("keyboard",), 8, False, 7.0, "b",
+                      "pwasm://0.2a0")
     conds = {c["type"]: c for c in node_status(facts, 20 << 10)["conditions"]}
     assert conds["MemoryPressure"]["status"] == "True" and conds["Ready"]["status"] == "True"
     status = node_status(facts, 200 << 10)
