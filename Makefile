@@ -1,7 +1,7 @@
 # Two set-up commands: `make demo` (the main job) and `make test` (the whole suite).
 # Both create and use the virtual environment .venv themselves.
 PY ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 

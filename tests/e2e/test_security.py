@@ -267,10 +267,10 @@ def test_kubelet_checkpoint_answers_only_the_control_plane(cluster: Cluster) -> 
     # Client certificates: only the API server's CN passes; another CA-signed name is refused.
     from kube32.apiserver import pki
     pki_dir = cluster.cp.data_dir / "pki"
-    other = pki.issue_serving_cert(pki_dir, "test-other", ["127.0.0.1"])   # CN=test-other
+    other = pki.issue_client_cert(pki_dir, "test-other", "test-other")
     own = (pki_dir / "apiserver-kubelet-client.crt", pki_dir / "apiserver-kubelet-client.key")
     for cert, want in ((other, 403), (own, 404)):
-        ctx = ssl.create_default_context(cafile=str(pki_dir / "ca.crt"))
+        ctx = ssl.create_default_context(cafile=str(pki.ensure_pki(pki_dir).kubelet))
         ctx.load_cert_chain(*cert)
         try:
             with urllib.request.urlopen(urllib.request.Request(f"{base}/containerLogs/{NS}/nope/main"),
