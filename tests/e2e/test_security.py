@@ -36,6 +36,8 @@ class Cluster:
         self.server = doc["clusters"][0]["cluster"]["server"]
         self.ctx = ssl.create_default_context(
             cadata=base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"]).decode())
+        # Kubelets' certificates are from the kubelet-serving signer, which only the API server trusts.
+        self.kubelet_ctx = ssl.create_default_context(cafile=str(cp.data_dir / "pki" / "kubelet-ca.crt"))
 
     def token_of(self, user: str) -> str:
         tokens = json.loads((self.cp.data_dir / "tokens.json").read_text())
@@ -50,10 +52,11 @@ class Cluster:
         headers = {"Content-Type": ctype}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        req = urllib.request.Request(url if url.startswith("http") else self.server + url, data=body,
-                                     method=method, headers=headers)
+        url = url if url.startswith("http") else self.server + url
+        req = urllib.request.Request(url, data=body, method=method, headers=headers)
+        ctx = self.ctx if url.startswith(self.server) else self.kubelet_ctx
         try:
-            with urllib.request.urlopen(req, context=self.ctx, timeout=60) as r:
+            with urllib.request.urlopen(req, context=ctx, timeout=60) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
