@@ -1,5 +1,6 @@
 # Two set-up commands: `make demo` (the main job) and `make test` (the whole suite).
 # Both create and use the virtual environment .venv themselves.
+# Another Python in a venv of its own: `make test PY=python3.13 VENV=.venv313` (as CI).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
