@@ -16,6 +16,7 @@ at 127.0.0.2, and openssl, curl and kubectl as an attacker and a user run them.
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import json
 import re
 import subprocess
@@ -25,8 +26,12 @@ from typing import Iterator
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
-from tests.conftest import ControlPlane, Proc, sim_command, start, start_control_plane, wait_for
+from tests.conftest import ControlPlane, sim_command, start, start_control_plane, wait_for
 
 W1 = "127.0.0.2"
 CREDS = "/apis/kube32.io/v1/nodecredentials"
@@ -234,11 +239,6 @@ def test_every_certificate_verifies_strictly_with_its_own_signer_only(cluster: C
 def _legacy_pki(pki: Path) -> Path:
     """What an older Kube32 left: one CA (no key identifiers) and a node certificate it
     signed for the API server's names; returns that certificate."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    import ipaddress
     pki.mkdir(parents=True)
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube32-ca")])

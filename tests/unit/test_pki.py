@@ -1,8 +1,8 @@
 """The PKI (kube32.apiserver.pki): two signers, key identifiers on every certificate, the
-node certificate policy, and the upgrade of an older data directory's PKI."""
+node certificate policy, an unreadable CA.  The upgrade of an older data directory's PKI
+is tested through a real control plane (tests/e2e/test_adversarial_pki.py)."""
 from __future__ import annotations
 
-import datetime as dt
 import ssl
 from pathlib import Path
 
@@ -156,34 +156,6 @@ def test_a_weak_or_broken_csr_is_refused(tmp_path: Path) -> None:
         pki.sign_node_csr(tmp_path, _csr("system:node:w1", [_ip("127.0.0.2")], weak), "w1", "127.0.0.2")
     with pytest.raises(pki.CSRError, match="not a PEM CSR"):
         pki.sign_node_csr(tmp_path, b"garbage", "w1", "127.0.0.2")
-
-
-def _legacy_pki(d: Path) -> bytes:
-    """The PKI an older Kube32 wrote: one CA, no key identifiers, and a node certificate it
-    signed for the API server's names."""
-    d.mkdir(parents=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube32-ca")])
-    now = dt.datetime.now(dt.timezone.utc)
-    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-          .serial_number(1).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(key, hashes.SHA256()))
-    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (d / "ca.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                 serialization.NoEncryption()))
-    (d / "apiserver.crt").write_bytes(b"old")
-    return ca.public_bytes(serialization.Encoding.PEM)
-
-
-def test_an_older_pki_is_replaced_whole(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    d = tmp_path / "pki"
-    old = _legacy_pki(d)
-    cas = pki.ensure_pki(d)
-    assert cas.apiserver.read_bytes() != old and not (d / "apiserver.crt").exists()
-    assert "PKI of an older Kube32" in caplog.text and "restart every node" in caplog.text
-    again = cas.apiserver.read_bytes()
-    assert pki.ensure_pki(d).apiserver.read_bytes() == again        # made once, then kept
 
 
 def test_an_unreadable_ca_is_a_clear_error(tmp_path: Path) -> None:
