@@ -1,7 +1,8 @@
 # Two set-up commands: `make demo` (the main job) and `make test` (the whole suite).
 # Both create and use the virtual environment .venv themselves.
+# Another Python in a venv of its own: `make test PY=python3.13 VENV=.venv313` (as CI).
 PY ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
