@@ -64,7 +64,8 @@ class KubeletOptions:
     driver_bytes: int = 0                # the heap drivers hold (display, SD, ...)
     devices: tuple[str, ...] = ()
     max_pods: int = 110
-    interp_mops: float | None = None     # None: measure at boot
+    interp_mops: float | None = None     # None: measure at boot (on the engine below)
+    engine: str = "wasmtime"             # the Wasm engine: kube32.wasm.ENGINES
     control_plane: bool = False
     lease_interval: float = 10.0
     lease_duration: int = 40
@@ -93,7 +94,7 @@ class Kubelet:
         # signs the node's certificate for the address its join came from.
         client.source_address = node_join.own_address(options.host)
         cache = options.data_dir
-        self.runtime = Runtime(cache / "compiled" if cache else None)
+        self.runtime = Runtime(cache / "compiled" if cache else None, engine=options.engine)
         self.images = ImagePuller(client, cache / "images" if cache else None)
         self.events = EventRecorder(client, "kubelet", options.node_name)
         self.channels = ChannelRegistry()
@@ -139,7 +140,8 @@ class Kubelet:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.facts = nodeinfo.NodeFacts(o.node_name, self.ip, self.port, o.profile, o.heap_bytes,
                                         o.driver_bytes, tuple(o.devices), o.max_pods, o.control_plane,
-                                        self.interp_mops, str(uuid.uuid4()))
+                                        self.interp_mops, str(uuid.uuid4()),
+                                        runtime_version=self.runtime.engine.runtime_version)
         await self._register()
         self.informer.add_handler(lambda *_: self._reconcile())
         self._tasks += [self.informer.start(),
@@ -148,7 +150,8 @@ class Kubelet:
                         asyncio.create_task(self._topic_loop(), name="kubelet-topics"),
                         asyncio.create_task(migration.thaw_forgotten(self), name="kubelet-thaw"),
                         self.nodeports.start(), *self.prefetch.start()]
-        log.info("kubelet %s serving on %s:%d (interp-mops %.2f)", o.node_name, self.ip, self.port, self.interp_mops)
+        log.info("kubelet %s serving on %s:%d (%s, interp-mops %.2f)", o.node_name, self.ip, self.port,
+                 self.runtime.engine.runtime_version, self.interp_mops)
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -258,7 +258,8 @@ async def test_kubelets_key_pods_by_uid_across_a_replacement_and_delete(tmp_path
 
 def test_node_status_reports_memory_pressure_below_24_kib() -> None:
     from kube32.kubelet.node import NodeFacts, node_status
-    facts = NodeFacts("n", "127.0.0.1", 1, "cardputer", 320 << 10, 96 << 10, ("keyboard",), 8, False, 7.0, "b")
+    facts = NodeFacts("n", "127.0.0.1", 1, "cardputer", 320 << 10, 96 << 10, ("keyboard",), 8, False, 7.0, "b",
+                      "pwasm://0.2a0")
     conds = {c["type"]: c for c in node_status(facts, 20 << 10)["conditions"]}
     assert conds["MemoryPressure"]["status"] == "True" and conds["Ready"]["status"] == "True"
     status = node_status(facts, 200 << 10)
