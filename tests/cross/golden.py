@@ -95,7 +95,7 @@ def pod_golden(engine: str) -> dict:
     def call(pod, method: str, path: str, query: str = "") -> dict:
         return json.loads(pod.handle(HttpRequest(method, path, query)).result(timeout=120).body)
 
-    rt = Runtime(**({} if engine == "wasmtime" else {"engine": engine}))
+    rt = Runtime(engine=engine)
     module = rt.load(COUNTER.read_bytes())
     config = PodConfig("default", "golden", "main", {"HOSTNAME": "golden"}, ("greet",), None, {}, 1 << 20)
     pod = Pod(rt, module, config, Host())

@@ -70,6 +70,7 @@ class Arch:
     name: str          # Debian's name
     qemu: str          # qemu-user's name
     machine: str       # platform.machine() inside
+    kube_arch: str     # the Node's nodeInfo.architecture (Kubernetes' name)
     byteorder: str
     pointer_bits: int
     engine: str        # the engine a worker of this CPU uses
@@ -77,9 +78,9 @@ class Arch:
 
 
 ARCHES = {a.name: a for a in (
-    Arch("arm64", "aarch64", "aarch64", "little", 64, "wasmtime", "manylinux2014_aarch64"),
-    Arch("armhf", "arm", "armv7l", "little", 32, "pwasm"),
-    Arch("s390x", "s390x", "s390x", "big", 64, "pwasm"),
+    Arch("arm64", "aarch64", "aarch64", "arm64", "little", 64, "wasmtime", "manylinux2014_aarch64"),
+    Arch("armhf", "arm", "armv7l", "arm", "little", 32, "pwasm"),
+    Arch("s390x", "s390x", "s390x", "s390x", "big", 64, "pwasm"),
 )}
 
 

@@ -16,7 +16,9 @@ from typing import Iterator
 
 import pytest
 
+from kube32.kubelet.node import cpu_architecture
 from tests.conftest import ROOT, ControlPlane, Proc, start_cluster, wait_for
+from tests.cross import rootfs as cross
 from tests.cross.conftest import CrossRun
 from tests.e2e.helpers import cli, get_json, push, raw
 
@@ -71,7 +73,19 @@ def running_on(cluster: ControlPlane, node: str) -> dict:
 def test_counter_pod_moves_through_every_cpu(cluster) -> None:
     c, workers = cluster
     image = push(c, COUNTER)
+    nodes = {n["metadata"]["name"]: n for n in get_json(c, "nodes")["items"]}
+    for arch in CHAIN:
+        node = nodes[node_name(arch)]
+        assert node["status"]["nodeInfo"]["architecture"] == cross.ARCHES[arch].kube_arch, node["status"]
+        assert node["metadata"]["labels"]["kube32.io/engine"] == cross.ARCHES[arch].engine
+    assert nodes[HOST_NODE]["status"]["nodeInfo"]["architecture"] == cpu_architecture()
+    wide = {line.split()[0]: line.split() for line in c.kubectl("get", "nodes", "-o", "wide").stdout.splitlines()}
+    for arch in CHAIN:  # ... CONTAINER-RUNTIME ARCHITECTURE
+        assert wide[node_name(arch)][-2:] == [nodes[node_name(arch)]["status"]["nodeInfo"]["containerRuntimeVersion"],
+                                               cross.ARCHES[arch].kube_arch], wide
+
     c.kubectl("run", "counter", f"--image={image}", "--restart=Never", "--annotations=kube32.io/events=greet",
+              "--annotations=kube32.io/tick-interval=500ms",
               f"--overrides={{\"spec\": {{\"nodeName\": \"{HOST_NODE}\"}}}}")
     running_on(c, HOST_NODE)
     assert cli(c, "publish", "greet", f"on {HOST_NODE}").returncode == 0

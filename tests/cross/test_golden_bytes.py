@@ -37,7 +37,7 @@ def results(cross_run) -> Iterator[dict[str, dict]]:
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name, run in runs.items()}
     host = [sys.executable, "-m", "tests.cross.golden", *(x for e in _engines_here() for x in ("--engine", e))]
-    procs["x86_64"] = subprocess.Popen(host, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    procs["host"] = subprocess.Popen(host, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     out: dict[str, dict] = {}
     try:
         for name, proc in procs.items():
@@ -61,7 +61,7 @@ def first_difference(a: str, b: str) -> str:
 @pytest.mark.parametrize("name", list(cross.ARCHES))
 def test_the_same_state_gives_the_same_k32s_bytes(results: dict[str, dict], name: str) -> None:
     arch = cross.ARCHES[name]
-    got, here = results[name], results["x86_64"]
+    got, here = results[name], results["host"]
     assert (got["cpu"]["machine"], got["cpu"]["byteorder"], got["cpu"]["pointer_bits"]) == \
         (arch.machine, arch.byteorder, arch.pointer_bits), got["cpu"]
     assert got["format"]["reread_identical"], f"on {name}, a snapshot read back and written again differs"
@@ -72,14 +72,14 @@ def test_the_same_state_gives_the_same_k32s_bytes(results: dict[str, dict], name
 @pytest.mark.parametrize("name", list(cross.ARCHES))
 def test_a_pod_gives_the_same_snapshot_on_every_cpu(results: dict[str, dict], name: str) -> None:
     engine = cross.ARCHES[name].engine
-    got, here = results[name]["pods"][engine], results["x86_64"]["pods"]
+    got, here = results[name]["pods"][engine], results["host"]["pods"]
     if engine not in here:
         pytest.skip(f"{engine} is not installed on this machine")
-    assert got == here[engine], f"{name} ({engine}) vs x86_64 ({engine})"
+    assert got == here[engine], f"{name} ({engine}) vs this machine ({engine})"
 
 
 def test_both_engines_give_the_same_snapshot(results: dict[str, dict]) -> None:
-    here = results["x86_64"]["pods"]
+    here = results["host"]["pods"]
     if len(here) < 2:
         pytest.skip(f"only {', '.join(here)} is installed on this machine")
     assert here["wasmtime"] == here["pwasm"]
