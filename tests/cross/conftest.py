@@ -54,8 +54,9 @@ class CrossRun:
     def host(self, inside: PurePosixPath) -> Path:
         return self.rootfs.host_path(inside)
 
-    def python(self, *args: str) -> list[str]:
-        return self.rootfs.python(*args, pythonpath=[self.src])
+    def python(self, *args: str, path: tuple[PurePosixPath, ...] = ()) -> list[str]:
+        """This CPU's python3 with the code under test (and ``path``) importable."""
+        return self.rootfs.python(*args, pythonpath=[self.src, *path])
 
     def run_python(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(self.python(*args), capture_output=True, text=True, timeout=timeout)
