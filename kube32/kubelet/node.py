@@ -75,6 +75,11 @@ def node_annotations(f: NodeFacts, free_heap: int) -> dict[str, str]:
             "kube32.io/kubelet-scheme": "http"}
 
 
+def allocatable(f: NodeFacts) -> dict[str, str]:
+    """What the node offers its pods (its Node's ``status.allocatable``)."""
+    return _resources(f)
+
+
 def _resources(f: NodeFacts) -> dict[str, str]:
     res = {"memory": str(f.heap_bytes), "pods": str(f.max_pods), "cpu": "1"}
     res.update({f"hardware.kube32.io/{d}": "1" for d in f.devices})

@@ -14,14 +14,15 @@ Public API (the kubelet codes against exactly this)::
     rt = Runtime(cache_dir=None, engine="wasmtime")   # one per kubelet; engine one of ENGINES
                                           # ("wasmtime", "pwasm"; ValueError naming them, or
                                           # naming why one is not available here)
-    rt.engine.name, rt.engine.runtime_version   # "pwasm", "pwasm://0.2a0"
+    rt.engine.name, rt.engine.runtime_version, rt.engine.tag   # "pwasm", "pwasm://0.2a0",
+                                          # the tag naming its code and its measured speed
     engine_class(name)                    # ValueError as Runtime's, without making one
     mod = rt.load(wasm_bytes, expected_sha256=None)
         # -> Module(sha256, kind "request"|"command", entry_point, exports, size)
         # ImageError("image digest mismatch: expected ..., got ..."), or naming why the
         # module is no pod: not Wasm, does not compile, import outside the ABI,
         # wrong export signature, no k32_handle/k32_tick/k32_event/_start/app_main/main
-    rt.measure_mops() -> float            # fixed i32 kernel, ~0.3 s: kube32.io/interp-mops
+    rt.measure_mops() -> float            # fixed i32 kernel on rt's engine, ~0.3 s: kube32.io/interp-mops
     rt.close()
 
     pod = Pod(rt, mod, PodConfig(namespace, name, container, env, topics, tick_interval_ms,

@@ -21,9 +21,9 @@ Interface (what an engine promises):
 - ``Engine.instantiate(compiled, info, imports, memory_limit_bytes, deadline)``: a
   fresh instance whose imports are the ABI's host functions (name -> callable taking
   the signed i32 arguments and returning an int; it never raises).  Memory is capped
-  at the limit rounded up to whole 64 KiB pages.  A start function that traps or
-  outlives ``deadline`` raises CallFailed; a module that does not link or fit raises
-  InstantiateError.
+  at the limit rounded up to whole 64 KiB pages.  A start function that outlives
+  ``deadline`` raises CallFailed ("timeout"); a module that does not link or fit, or
+  whose start function traps, raises InstantiateError.
 - ``Instance.call(name, args, deadline)``: runs an export; ``deadline`` is a
   ``time.monotonic()`` value or None.  Raises CallFailed with kind "trap",
   "timeout" (the deadline passed) or "interrupted" (``interrupt()``).
