@@ -334,24 +334,28 @@ def workspace(rootfs: Rootfs) -> Iterator[PurePosixPath]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.cross.rootfs", description=__doc__.split("\n\n")[0])
-    p.add_argument("arches", nargs="*", default=list(ARCHES), help=f"default: {' '.join(ARCHES)}")
+    p.add_argument("arches", nargs="*", metavar="ARCH",
+                   help=f"{', '.join(ARCHES)} (default: all)")
     args = p.parse_args(argv)
+    args.arches = args.arches or list(ARCHES)
+    if unknown := [a for a in args.arches if a not in ARCHES]:
+        p.error(f"unknown ARCH {', '.join(unknown)} (choose from {', '.join(ARCHES)})")
     t0 = time.monotonic()
 
-    def one(name: str) -> str:
+    def one(name: str) -> tuple[bool, str]:
         try:
             fs = prepare(name)
         except CrossUnavailable as e:
-            return f"cross: {name}: {e}"
-        return (f"cross: {name}: {fs.path} ({fs.facts['machine']}, {fs.facts['byteorder']}-endian, "
-                f"{fs.facts['pointer_bits']}-bit, Python {fs.facts['python']}, {fs.arch.engine}) "
-                f"ready after {time.monotonic() - t0:.1f} s")
+            return False, f"cross: {name}: {e}"
+        return True, (f"cross: {name}: {fs.path} ({fs.facts['machine']}, {fs.facts['byteorder']}-endian, "
+                      f"{fs.facts['pointer_bits']}-bit, Python {fs.facts['python']}, {fs.arch.engine}) "
+                      f"ready after {time.monotonic() - t0:.1f} s")
     # Side by side: a build is mostly downloads and one emulated Python's first start.
     with ThreadPoolExecutor(len(args.arches) or 1) as pool:
-        lines = list(pool.map(one, args.arches))
-    for line in lines:
-        print(line, flush=True)
-    return 1 if any(": ready after " not in line for line in lines) else 0
+        results = list(pool.map(one, args.arches))
+    for ok, line in results:
+        print(line, flush=True, file=sys.stdout if ok else sys.stderr)
+    return 0 if all(ok for ok, _ in results) else 1
 
 
 if __name__ == "__main__":
