@@ -98,11 +98,14 @@ def cache_dir() -> Path:
 
 
 def check_host() -> None:
-    """Raise CrossUnavailable naming what this machine lacks."""
+    """Raise CrossUnavailable naming what keeps this machine from running them."""
     if sys.platform != "linux":
         raise CrossUnavailable(f"qemu-user runs on Linux only (this is {sys.platform})")
     if os.geteuid() != 0:
         raise CrossUnavailable("chroot into the root filesystems needs root")
+
+
+def _check_build_tools() -> None:
     for tool, package in (("mmdebstrap", "mmdebstrap"), ("apt-get", "apt"), ("dpkg-deb", "dpkg")):
         if shutil.which(tool) is None:
             raise CrossUnavailable(f"{tool} is missing (apt-get install {package})")
@@ -161,6 +164,7 @@ def qemu_binaries(cache: Path | None = None) -> Path:
     from Debian stable, fetched once into the cache."""
     cache = cache or cache_dir()
     wanted = sorted(f"qemu-{a.qemu}" for a in ARCHES.values())
+
     def done() -> Path | None:
         found = sorted((d for d in cache.glob("qemu-user-*") if (d / ".complete").exists()),
                        key=lambda d: d.stat().st_mtime)
@@ -170,6 +174,7 @@ def qemu_binaries(cache: Path | None = None) -> Path:
     with _locked(cache / ".lock-qemu"):
         if have := done():
             return have
+        _check_build_tools()
         with tempfile.TemporaryDirectory(dir=cache, prefix=".qemu-") as tmp:
             work = Path(tmp)
             _apt(cache / "apt", "update")
@@ -186,6 +191,7 @@ def qemu_binaries(cache: Path | None = None) -> Path:
             shutil.rmtree(final, ignore_errors=True)
             (out / "usr" / "bin").rename(final)
             (final / ".complete").write_text(version + "\n")
+        shutil.rmtree(cache / "apt", ignore_errors=True)  # its package lists served this download only
         return final
 
 
@@ -230,6 +236,7 @@ _PROBE = ("import json, platform, struct, sys, aiohttp, yaml, rich, cryptography
 
 
 def _build(arch: Arch, final: Path, cache: Path) -> None:
+    _check_build_tools()
     qemu = qemu_binaries(cache) / f"qemu-{arch.qemu}"
     with tempfile.TemporaryDirectory(dir=cache, prefix=f".rootfs-{arch.name}-") as tmp:
         root = Path(tmp) / "root"
@@ -279,7 +286,23 @@ def prepare(name: str, cache: Path | None = None) -> Rootfs:
             if not stamp.exists():
                 shutil.rmtree(final, ignore_errors=True)
                 _build(arch, final, cache)
+                _prune_cache(cache, name, keep=final)
+    os.utime(stamp)  # in use: kept by _prune_cache
     return Rootfs(arch, final, json.loads(stamp.read_text()))
+
+
+def _prune_cache(cache: Path, name: str, keep: Path, unused_for: float = 7 * 86400) -> None:
+    """Root filesystems of ``name`` under other keys (older package lists or pins) go
+    once unused for a week (another checkout may still want one), and what a killed
+    build left behind once a day old."""
+    now = time.time()
+    for d in cache.glob(f"rootfs-{name}-*"):
+        stamp = d / ".kube32-rootfs.json"
+        if d != keep and now - (stamp.stat().st_mtime if stamp.exists() else d.stat().st_mtime) > unused_for:
+            shutil.rmtree(d, ignore_errors=True)
+    for d in [*cache.glob(f".rootfs-{name}-*"), *cache.glob(".qemu-*")]:
+        if now - d.stat().st_mtime > 86400:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 # --- the code under test, and a workspace per run --------------------------------
