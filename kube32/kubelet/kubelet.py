@@ -104,6 +104,9 @@ class Kubelet:
         self.client = client
         self.options = options
         self.ip = options.host if options.host not in ("0.0.0.0", "") else "127.0.0.1"
+        # Requests leave from the node's own address, as a board's do: the API server
+        # signs the node's certificate for the address its join came from.
+        client.source_address = node_join.own_address(options.host)
         cache = options.data_dir
         self.runtime = Runtime(cache / "compiled" if cache else None, engine=options.engine)
         self.images = ImagePuller(client, cache / "images" if cache else None)
@@ -147,7 +150,7 @@ class Kubelet:
             measured = nodeinfo.measured_on(self.runtime.engine.tag)
         ssl_ctx = None
         if o.join:
-            creds = await node_join.join(self.client, o.node_name, [self.ip, o.host, "localhost"],
+            creds = await node_join.join(self.client, o.node_name, [self.ip],
                                          serving_cert=not o.insecure_http)
             if creds.certificate:
                 ssl_ctx = server_ssl(node_join.server_context(

@@ -81,15 +81,17 @@ class ControlPlane:
         auth = load_or_create_tokens(self.opts.data_dir)
         if self.opts.token_auth_file is not None:
             auth.add_static(read_token_file(self.opts.token_auth_file))
-        # The CA exists even with --insecure-http: kubelets still get serving
+        # The CAs exist even with --insecure-http: kubelets still get serving
         # certificates, and the API server verifies them before sending its token.
         pki_dir = self.opts.data_dir / "pki"
-        ca_crt, _ = pki.ensure_ca(pki_dir)
+        cas = pki.ensure_pki(pki_dir)
         # Kubelets: HTTPS ones get a client certificate; plain-HTTP ones a token of a
         # user with no API permissions.  No node ever sees a token of system:masters.
+        # The API server trusts only the kubelet-serving signer for kubelets, and clients
+        # only the API server CA for the API server (kube32.apiserver.pki).
         client_cert = pki.issue_client_cert(pki_dir, "apiserver-kubelet-client", pki.KUBELET_CLIENT_CN)
         self.server = APIServer(self.store, auth, kubelet_token=auth.token_for(KUBELET_CLIENT),
-                                 kubelet_ssl=pki.client_context(ca_crt, client_cert),
+                                 kubelet_ssl=pki.client_context(cas.kubelet, client_cert),
                                  images_dir=self.opts.data_dir / "images")
         self.server.kubelets.cert_auth = True
         self.server.pki_dir = pki_dir
@@ -103,7 +105,7 @@ class ControlPlane:
         ssl_ctx, ca_pem = None, None
         if not self.opts.insecure_http:
             crt, key = pki.issue_serving_cert(pki_dir, "apiserver", pki.default_hosts(self.opts.host))
-            ssl_ctx, ca_pem = pki.server_context(crt, key), ca_crt.read_bytes()
+            ssl_ctx, ca_pem = pki.server_context(crt, key), cas.apiserver.read_bytes()
         site = web.TCPSite(self.runner, self.opts.host, self.opts.port, reuse_address=True,
                            ssl_context=ssl_ctx)
         await site.start()

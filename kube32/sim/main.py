@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..apiserver.auth import TokenFileError
+from ..apiserver.pki import PKIError
 from ..controllers.base import ControllerOptions
 from ..apiserver.checkpointdata import BOARD_CAPACITY, SIM_CAPACITY
 from ..quantity import parse_bytes
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.checkpoint_space:
                 cp_args += ["--checkpoint-space", args.checkpoint_space]
             return asyncio.run(run_up(args.data_dir, args.workers, args.port, node_args, cp_args))
-    except (OSError, TokenFileError) as e:
+    except (OSError, TokenFileError, PKIError) as e:
         print(f"kube32-sim: cannot start {args.command}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
