@@ -153,7 +153,7 @@ async def run(runs: int) -> str:
 
         pki_dir = tempfile.mkdtemp(prefix="kube32-bench-pki-")
         from kube32.apiserver import pki
-        ca, _ = pki.ensure_ca(Path(pki_dir))
+        ca = pki.ensure_pki(Path(pki_dir)).apiserver
         ctx = mp.get_context("spawn")
         port_q = ctx.Queue()
         server = ctx.Process(target=_bare_server, args=(pki_dir, bodies, port_q), daemon=True)

@@ -195,7 +195,7 @@ async def snapshot_stream(cluster: Cluster, pod: str, node: str, runs: int) -> O
     ip = next(a["address"] for a in node_obj["status"]["addresses"] if a["type"] == "InternalIP")
     port = node_obj["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
     pki_dir = cluster.dir / "pki"
-    ctx = pki.client_context(pki_dir / "ca.crt", (pki_dir / "apiserver-kubelet-client.crt",
+    ctx = pki.client_context(pki.ensure_pki(pki_dir).kubelet, (pki_dir / "apiserver-kubelet-client.crt",
                                                   pki_dir / "apiserver-kubelet-client.key"))
     direct = f"/checkpoint/default/{pod}/main?leave=running"
     rates: dict[str, list[float]] = {"direct": [], "trailer": [], "proxy": []}

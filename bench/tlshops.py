@@ -115,7 +115,7 @@ def _sink(d: Path, listener: socket.socket, size: int, reuse: bool, out: Any) ->
 
 
 def _certificates(d: Path) -> None:
-    pki.ensure_ca(d)
+    pki.ensure_pki(d)
     pki.issue_serving_cert(d, "floor", ["127.0.0.1"])
 
 

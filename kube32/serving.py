@@ -23,6 +23,12 @@ never sent a byte, is closed without a word, as Go's server does.  A refused
 connection whose peer reads nothing is dropped ``ABORT_AFTER`` later.  The handler of a request cut off sees its client
 gone (its body read raises, the task is cancelled), as with any disconnect.
 
+A server that stops (SIGTERM) lets the requests in progress finish for
+``SHUTDOWN_GRACE_SECONDS`` (3 s), then cancels them.  aiohttp's default waits 60 s for
+each connection, and a long-lived stream (a topic subscription, a followed log, a
+proxied stream) never finishes by itself: a control plane with workers connected did
+not stop on SIGTERM.
+
 Design: :class:`GuardedRunner` is an ``aiohttp.web.AppRunner`` whose sites wrap each
 connection's aiohttp protocol in a :class:`_Connection`, which forwards every
 callback and keeps one timer; :func:`track_requests` (the outermost middleware) tells
@@ -42,6 +48,7 @@ IDLE_TIMEOUT = 90.0
 BODY_STALL_TIMEOUT = 32.0
 BODY_TIMEOUT = 60.0
 ABORT_AFTER = 2.0     # s: a refused connection whose peer reads nothing is dropped this late
+SHUTDOWN_GRACE_SECONDS = 3.0  # s: a stopping server cancels the requests still running this late
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,7 @@ class GuardedRunner(web.AppRunner):
 
     def __init__(self, app: web.Application, *, limits: ServingLimits = ServingLimits(),
                  **kwargs: Any) -> None:
+        kwargs.setdefault("shutdown_timeout", SHUTDOWN_GRACE_SECONDS)
         super().__init__(app, **kwargs)
         self._limits = limits
 

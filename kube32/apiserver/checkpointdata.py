@@ -18,7 +18,10 @@ asks that node's kubelet ``POST /checkpoint/<ns>/<pod>/<c>`` (the caller needs
 ``create nodes/proxy`` on the node, as through the node proxy, besides ``update
 checkpoints/data``) and streams the answer straight into the data, checked as above.
 The snapshot then crosses the control plane once (one TLS read, one hash, one copy)
-instead of proxy -> controller -> upload.  The answer carries the kubelet's
+instead of proxy -> controller -> upload.  With ``leave=frozen`` (a move) the pod's events
+are held from then on until it runs again (kube32.apiserver.heldevents): the kubelet is
+asked with ``eventsSeq``, the topic line the hold began after, and its
+``X-Kube32-Held-Events`` says how many events the snapshot holds.  The answer carries the kubelet's
 ``X-Kube32-*`` headers (``X-Kube32-Frozen-At-Ms`` among them) and the Checkpoint with
 the snapshot's facts in its status, which this request does not write: its caller does,
 with its next status write (the Checkpoint controller's Moving or Saved), so a move's
@@ -64,9 +67,11 @@ from aiohttp import web
 from ..snapshot import TRAILER_SIZE, SnapshotError, SnapshotReader
 from ..snapshot.parallel import prefault
 from ..snapshot.writer import ASYNC_WRITE
-from . import authz, errors
+from . import authz, checkpointstatus, errors
 from .dataspace import (BOARD_CAPACITY, IN_FLIGHT_PHASES, SIM_CAPACITY, Buffer, CheckpointDataSpace, Held, Pace,
                         PaceClock, Standing, Stored, standings, to_drop)
+from .eventbus import Hold
+from .heldevents import HeldEvents
 from .proxy import check_suffix, kubelet_base, kubelet_url
 from .resources import Resource, by_plural
 
@@ -162,6 +167,14 @@ class Arriving:
             await asyncio.shield(self._progress)
 
 
+def _held_count(header: str | None) -> int:
+    """The number of events a node's snapshot holds (none said: none)."""
+    try:
+        return max(0, int(header or 0))
+    except ValueError:
+        return 0
+
+
 async def _write_range(resp: web.StreamResponse, view: memoryview, start: int, end: int) -> None:
     for off in range(start, end, ASYNC_WRITE):  # each write is encrypted and sent whole
         await resp.write(view[off: min(off + ASYNC_WRITE, end)])
@@ -182,6 +195,8 @@ class CheckpointDataAPI:
         self._uploading: set[tuple[str, str]] = set()  # one upload or pull of a Checkpoint's data at a time
         self._pulling = asyncio.Lock()  # the control plane takes one snapshot at a time
         self._storing = asyncio.Lock()  # what goes for data is decided and done in one step
+        self.held_events = HeldEvents(server.registry, server.events)
+        server.app.on_cleanup.append(lambda _app: self.held_events.close())
         server.sub_handlers[("checkpoints", "data", "GET")] = self.get
         server.sub_handlers[("checkpoints", "data", "PUT")] = self.put
         server.registry.before_delete["checkpoints"] = self._on_delete
@@ -363,7 +378,7 @@ class CheckpointDataAPI:
         def set_facts(obj: dict[str, Any]) -> dict[str, Any]:
             if obj["metadata"]["uid"] != uid:
                 raise errors.conflict("checkpoints", t.name, "kube32.io", "the Checkpoint was replaced during the upload")
-            obj.setdefault("status", {}).update(facts)
+            checkpointstatus.stored(obj.setdefault("status", {}), facts)
             return obj
         try:
             async with self._storing:
@@ -381,6 +396,9 @@ class CheckpointDataAPI:
         for h in going:
             log.info("checkpoint data of %s/%s (%d bytes) dropped for %s/%s's", h.namespace,
                      h.name, h.size, ns, t.name)
+        # The Checkpoints whose data made room say so (checkpointstatus: their facts go).
+        await checkpointstatus.dropped(self.server.registry, [(h.namespace, h.name, h.uid) for h in going],
+                                       lambda u: self.space.stored(u) is not None)
         return out
 
     async def _pull(self, request: web.Request, t: "Target") -> web.StreamResponse:
@@ -403,10 +421,16 @@ class CheckpointDataAPI:
             ck = await self.server.registry.get(t.res, t.namespace, t.name)
             with self._one_upload(t, ck, by_user=False):
                 url = kubelet_url(kubelet_base(await self.server._node(node)), path.split("/"))
-                return await self._pull_from(t, ck, node, url, params)
+                hold = None
+                if q.get("leave") == "frozen":
+                    # A move: the pod's events are held here from now until it runs again, and
+                    # the node takes the snapshot once it has read every event published before.
+                    hold, seq = await self.held_events.begin(t.namespace, pod, ck)
+                    params["eventsSeq"] = str(seq)
+                return await self._pull_from(t, ck, node, url, params, hold)
 
     async def _pull_from(self, t: "Target", ck: dict[str, Any], node: str, url: yarl.URL,
-                         params: dict[str, str]) -> web.StreamResponse:
+                         params: dict[str, str], hold: Hold | None) -> web.StreamResponse:
         kubelets = self.server.kubelets
         failed = f"the snapshot transfer from {node} failed"
         try:
@@ -422,6 +446,8 @@ class CheckpointDataAPI:
                 return web.Response(status=upstream.status, body=body, headers={
                     **passed, "Content-Type": upstream.headers.get("Content-Type", "application/json"),
                     "X-Kube32-From-Node": node})
+            if hold is not None:
+                hold.in_snapshot(_held_count(upstream.headers.get("X-Kube32-Held-Events")))
             size = upstream.content_length
             if size is None:
                 raise errors.APIError(502, "BadGateway", f"{failed}: the node sent a snapshot without a "

@@ -7,14 +7,28 @@ node gets no serving certificate and must serve plain HTTP).  Answer (201)::
     {"kind": "NodeCredentials", "apiVersion": "kube32.io/v1", "metadata": {"name": node},
      "user": "system:node:<node>", "token": "...", "certificate": "<PEM>", "ca": "<PEM>"}
 
+``certificate`` is from the kubelet-serving signer, ``ca`` the API server CA (what
+the kubelet verifies the API server and its client certificate with).
+
 Who may call: the bootstrap group (RBAC ``system:kube32:node-bootstrapper``), the
 node itself (to rotate), ``system:masters``.  Joining again revokes the node's
 previous token.  As Kubernetes' auto-approved bootstrap CSRs, whoever holds the
-bootstrap token can join under any node name: keep ``node.kubeconfig`` as secret
-as the admin's.
+bootstrap token can join under a node name nobody has yet: keep ``node.kubeconfig``
+as secret as the admin's.
+
+What a node owns, and so what it can get: its node name and its own address, the
+address of the TCP connection the request came over (the kubelet connects from
+its node address; the control plane knows no other address it did not take from
+the node itself).  Hence:
+
+* the certificate names only those (:func:`kube32.apiserver.pki.node_csr_sans`);
+* a Node that exists with an ``InternalIP`` is joined or renewed only from that
+  address: credentials for a node at 127.0.0.3 are not handed to a request from
+  127.0.0.2, whoever's token it carries (to move a node, delete its Node first).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +36,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from . import bodies, errors, pki
+from .resources import by_plural
+from .strategy import get_path
 
 if TYPE_CHECKING:
     from .server import APIServer
@@ -29,6 +45,36 @@ if TYPE_CHECKING:
 PATH = "/apis/kube32.io/v1/nodecredentials/{name}"
 MAX_BODY = 16 << 10
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def peer_address(request: web.Request) -> str | None:
+    """The IP address the request's connection came from (None over a Unix socket).
+
+    The transport's, never a header's: a client cannot claim it."""
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    if not isinstance(peer, tuple) or not peer:
+        return None
+    try:
+        ip = ipaddress.ip_address(str(peer[0]).split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped   # a dual-stack socket's ::ffff:127.0.0.2 is 127.0.0.2
+    return str(ip)
+
+
+async def _check_registered_address(server: "APIServer", node: str, address: str | None) -> None:
+    """A registered node's credentials go only to a request from its own address."""
+    obj = await server.registry.try_get(by_plural("nodes"), None, node)
+    if obj is None:
+        return
+    registered = [a.get("address") for a in get_path(obj, "status", "addresses", default=[]) or []
+                  if isinstance(a, dict) and a.get("type") == "InternalIP"]
+    if registered and address not in registered:
+        raise errors.forbidden(
+            f'nodecredentials "{node}" is forbidden: node "{node}" is registered at {", ".join(registered)}, '
+            f"and its credentials are issued only to a request from that address (this one came from "
+            f"{address or 'a Unix socket'}); to join it from elsewhere, delete the Node first")
 
 
 def add_routes(router: web.UrlDispatcher, server: "APIServer") -> None:
@@ -44,6 +90,8 @@ def add_routes(router: web.UrlDispatcher, server: "APIServer") -> None:
         if not isinstance(body, dict):
             raise errors.bad_request("cannot create nodecredentials: the body must be an object")
         csr = body.get("csr")
+        address = peer_address(request)
+        await _check_registered_address(server, node, address)
         cert = ""
         ca = ""
         if csr:
@@ -51,10 +99,10 @@ def add_routes(router: web.UrlDispatcher, server: "APIServer") -> None:
             if pki_dir is None:
                 raise errors.service_unavailable("this control plane has no cluster CA to sign kubelet certificates")
             try:
-                cert = pki.sign_node_csr(pki_dir, str(csr).encode(), node).decode()
+                cert = pki.sign_node_csr(pki_dir, str(csr).encode(), node, address).decode()
             except pki.CSRError as e:
                 raise errors.invalid("NodeCredentials", node, [("csr", f"Invalid value: {e}")], "kube32.io") from None
-            ca = (pki_dir / "ca.crt").read_text()
+            ca = pki.ensure_pki(pki_dir).apiserver.read_text()
         token = server.auth.issue_node_token(node)
         return json_response({"kind": "NodeCredentials", "apiVersion": "kube32.io/v1",
                               "metadata": {"name": node}, "user": f"system:node:{node}",

@@ -422,9 +422,11 @@ class Registry:
 
     # --- replace (kube32: pod moves) ------------------------------------------
     async def replace(self, res: Resource, ns: str | None, name: str, obj: Obj, *,
-                      expected_uid: str, dry_run: bool = False) -> Obj:
+                      expected_uid: str, dry_run: bool = False,
+                      refusal: Callable[[Obj, Obj], str | None] | None = None) -> Obj:
         """Replace an object by a new incarnation in one write: same name, a new uid and
-        creation time, status reset, written only if the current uid is ``expected_uid``.
+        creation time, status reset, written only if the current uid is ``expected_uid``
+        and ``refusal(current, new)`` (after defaults) says nothing (409 with its words).
 
         A pod move uses it so that no moment exists with zero or two pods of that name:
         owners count one pod at every step, and ``kubectl drain`` sees the uid change.
@@ -452,6 +454,9 @@ class Registry:
             res.strategy.prepare_for_create(new)
             md["generation"] = 1
             self._validate(res, new, res.strategy.validate(new))
+        why = refusal(old, new) if refusal is not None else None
+        if why:
+            raise errors.conflict(res.plural, name, res.group, why)
         if dry_run:
             return new
         try:
@@ -492,6 +497,11 @@ class Registry:
             try:
                 if dry_run:
                     return (marked or obj), marked is None
+                if marked == obj:
+                    # Already terminating, and this DELETE asks nothing new (no finalizer to
+                    # add, no shorter grace period): as Kubernetes, the object unchanged and
+                    # no write - a write would wake every watcher, who may delete again.
+                    return obj, False
                 if marked is not None:
                     out = await self.store.update(kv.key, encode(marked), kv.mod_revision)
                     return decode(out), False

@@ -106,8 +106,13 @@ class APIServer:
         r.add_get("/apis/{group}", self.api_group)
         r.add_route("*", "/apis/{group}/{version}", self.group_version_root)
         r.add_route("*", "/apis/{group}/{version}/{tail:.*}", self.resource)
+        app.on_shutdown.append(self._shutdown)
         app.on_cleanup.append(self._cleanup)
         return app
+
+    async def _shutdown(self, app: web.Application) -> None:
+        """Stopping: the long-lived streams that no store close ends, end now."""
+        self.events.close()
 
     async def _cleanup(self, app: web.Application) -> None:
         await self.holds.close()

@@ -59,10 +59,14 @@ def _ssl_from_ca(ca_pem: bytes | None, insecure: bool) -> ssl.SSLContext | bool:
 
 class Client:
     def __init__(self, server: str, token: str | None, *, ca_pem: bytes | None = None,
-                 insecure: bool = False, user_agent: str = "kube32", unix_socket: str | None = None) -> None:
-        """``unix_socket``: reach ``server`` (plain http) through this Unix socket instead of TCP."""
+                 insecure: bool = False, user_agent: str = "kube32", unix_socket: str | None = None,
+                 source_address: str | None = None) -> None:
+        """``unix_socket``: reach ``server`` (plain http) through this Unix socket instead of TCP.
+        ``source_address``: connect from this local IP (a node's own address: the API server
+        signs a node's certificate for the address its join came from)."""
         self.server = server.rstrip("/")
         self.unix_socket = unix_socket
+        self.source_address = source_address
         self.token = token
         self._ssl = _ssl_from_ca(ca_pem, insecure) if server.startswith("https") else False
         self.ca_pem = ca_pem
@@ -103,7 +107,8 @@ class Client:
                 headers["Authorization"] = f"Bearer {self.token}"
             connector: aiohttp.BaseConnector = (
                 aiohttp.UnixConnector(path=self.unix_socket, limit=64) if self.unix_socket
-                else aiohttp.TCPConnector(limit=64, ssl=self._ssl))
+                else aiohttp.TCPConnector(limit=64, ssl=self._ssl,
+                                          local_addr=(self.source_address, 0) if self.source_address else None))
             self._session = aiohttp.ClientSession(
                 headers=headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), connector=connector)
         return self._session

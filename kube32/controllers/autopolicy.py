@@ -8,7 +8,10 @@ Two cases, both as Move Checkpoints the Checkpoint controller carries out:
   most one pod per node per minute.  Label ``kube32.io/trigger: memory-pressure``.
 * A faster node: an Auto pod with ``kube32.io/placement: fastest`` moves to the
   fastest Ready node that takes it when that node's ``kube32.io/interp-mops`` is at
-  least twice its current node's.  Label ``kube32.io/trigger: placement``.
+  least twice its current node's.  Label ``kube32.io/trigger: placement``.  A move
+  never follows from noise (:func:`faster`): figures two nodes measured on one
+  machine with one engine (the same ``kube32.io/interp-mops-measured-on``) count as
+  equal, whatever they say, and a node without a figure is never faster.
 
 A pod moves on its own at most once per 10 minutes.  The cooldowns live in memory:
 a control plane restart clears them.  Work-queue keys: ``node/<name>`` for pressure
@@ -32,6 +35,21 @@ log = logging.getLogger("kube32.autopolicy")
 Obj = dict[str, Any]
 PLACEMENT_PASS = "placement"
 UNDER_WAY = ("Pending", "Saving", "Moving")
+
+
+def faster(candidate: Obj, current: Obj) -> bool:
+    """Whether ``candidate`` is at least twice as fast as ``current`` (spec: "Policies").
+
+    The kubelets' figures are the best of several runs in CPU time (repeatable within
+    a few per cent on a loaded machine); two nodes that measured on the same machine
+    with the same engine are the same speed by construction, so any difference between
+    them is noise.  A figure given with ``--interp-mops`` names no machine."""
+    key = movability.INTERP_MOPS_MEASURED_ON
+    on = (candidate["metadata"].get("annotations") or {}).get(key)
+    if on and on == (current["metadata"].get("annotations") or {}).get(key):
+        return False
+    fast = interp_mops(candidate)
+    return fast > 0 and fast >= 2 * interp_mops(current)
 
 
 def _pod_key(pod: Obj) -> str:
@@ -145,11 +163,12 @@ class AutoPolicy(Controller):
                     soonest = left if soonest is None else min(soonest, left)
                 continue
             current = by_name.get(pod["spec"]["nodeName"])
-            best = fastest_fit(pod, nodes, self.pods.list(), None, {pod["spec"]["nodeName"]})
-            if current is None or best is None:
+            if current is None:
                 continue
-            fast, here = interp_mops(by_name[best]), interp_mops(current)
-            if fast >= 2 * here:
+            quicker = [n for n in nodes if faster(n, current)]
+            best = fastest_fit(pod, quicker, self.pods.list(), None, {pod["spec"]["nodeName"]})
+            if best is not None:
+                fast, here = interp_mops(by_name[best]), interp_mops(current)
                 await self._move(pod, "placement", best,
                                  f"Node {best} ({fast:g} MOPS) is at least twice as fast as {current['metadata']['name']} ({here:g} MOPS)")
         if soonest is not None:

@@ -1,4 +1,5 @@
-"""A stopping worker drains itself (spec: "Drain and evictions").
+"""A stopping worker drains itself (spec: "Drain and evictions"), and undoes it when it
+starts again.
 
 On Ctrl-C or SIGTERM a ``kube32-sim`` worker cordons its Node, marks it with the
 annotation ``kube32.io/left: "true"``, evicts its pods other than DaemonSet pods
@@ -6,22 +7,31 @@ annotation ``kube32.io/left: "true"``, evicts its pods other than DaemonSet pods
 deleted and replaced by its owner) and waits up to 20 s for them to leave, while
 its kubelet still serves their snapshots.  A budget that refuses (429) is asked
 again every second until the time is up.
+
+A worker that starts again under the same name undoes what its drain did
+(:func:`rejoin`): the ``left`` mark goes, and so does its cordon - only its own.  The
+drain marks a cordon it made itself with ``kube32.io/left-cordoned: "true"``; a Node
+a user had cordoned before (``spec.unschedulable`` already true) gets no such mark and
+stays cordoned.  Both writes name the resourceVersion they read, so a user's cordon or
+uncordon in between is never overwritten.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..client import NODES, PODS, ApiError
+from ..client import NODES, PODS, ApiError, Client
 
 if TYPE_CHECKING:
     from .kubelet import Kubelet
 
 log = logging.getLogger("kube32.kubelet.drain")
 LEFT = "kube32.io/left"
+LEFT_CORDONED = "kube32.io/left-cordoned"  # the drain cordoned the Node itself
 DRAIN_SECONDS = 20.0
+WRITE_TRIES = 3  # a guarded Node write that meets another write reads again this often
 
 
 def _daemon_pod(pod: dict[str, Any]) -> bool:
@@ -44,13 +54,56 @@ async def _evicted(kl: "Kubelet", uid: str, pod: dict) -> bool:
     return True
 
 
+async def _patch_node(client: Client, name: str, change: Callable[[dict], dict | None]) -> None:
+    """Patch the Node with ``change(node)`` (None: nothing to write), guarded by the
+    resourceVersion read; read again when another write came in between."""
+    for _ in range(WRITE_TRIES):
+        node = await client.get(NODES, name)
+        patch = change(node)
+        if patch is None:
+            return
+        patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
+        try:
+            await client.patch(NODES, name, patch)
+            return
+        except ApiError as e:
+            if e.code != 409:
+                raise
+    raise ApiError(409, "Conflict", f"node {name} kept changing while it was being written")
+
+
+def _leaving(node: dict) -> dict:
+    """Cordon (marked as the drain's own) unless a user did already; mark left."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return {"metadata": {"annotations": {LEFT: "true"}}}
+    return {"spec": {"unschedulable": True}, "metadata": {"annotations": {LEFT: "true", LEFT_CORDONED: "true"}}}
+
+
+def _back(node: dict) -> dict | None:
+    """Undo :func:`_leaving`: the marks go, and the cordon when the drain made it."""
+    ann = node["metadata"].get("annotations") or {}
+    if LEFT not in ann and LEFT_CORDONED not in ann:
+        return None
+    patch: dict[str, Any] = {"metadata": {"annotations": {LEFT: None, LEFT_CORDONED: None}}}
+    if ann.get(LEFT_CORDONED) == "true" and (node.get("spec") or {}).get("unschedulable"):
+        patch["spec"] = {"unschedulable": None}  # as kubectl uncordon writes it
+    return patch
+
+
+async def rejoin(client: Client, name: str) -> None:
+    """A Node that exists already is this worker's again: undo its last drain."""
+    try:
+        await _patch_node(client, name, _back)
+    except ApiError as e:
+        log.warning("cannot undo the drain of %s: %s", name, e)
+
+
 async def drain_self(kl: "Kubelet", timeout: float = DRAIN_SECONDS) -> list[str]:
     """Cordon, mark left, evict, wait; returns the pods still here when the time ran out."""
     name = kl.options.node_name
     deadline = time.monotonic() + timeout
     try:
-        await kl.client.patch(NODES, name, {"spec": {"unschedulable": True},
-                                            "metadata": {"annotations": {LEFT: "true"}}})
+        await _patch_node(kl.client, name, _leaving)
     except ApiError as e:
         log.warning("cannot cordon %s: %s", name, e)
     leaving = {p["metadata"]["uid"]: p for p in kl.informer.list()

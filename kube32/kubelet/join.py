@@ -4,10 +4,12 @@ At start the kubelet makes a key pair for its endpoint, sends a certificate
 signing request to ``POST /apis/kube32.io/v1/nodecredentials/<node>`` with the
 client it was given (the bootstrap token), and receives its own token (user
 ``system:node:<node>``, group ``system:nodes``) and a serving certificate signed
-by the cluster CA.  From then on the client carries the node's token, so the
-node authorizer limits what this kubelet can read and write; the key never
-leaves the node.  Without a CSR (``--kubelet-insecure-http``) the node still gets
-its token but serves plain HTTP.
+by the kubelet-serving signer for the node's own address only (the CSR names
+just that; the API server takes the address from the connection, so the client
+connects from it: :func:`own_address`).  From then on the client carries the
+node's token, so the node authorizer limits what this kubelet can read and write;
+the key never leaves the node.  Without a CSR (``--kubelet-insecure-http``) the
+node still gets its token but serves plain HTTP.
 """
 from __future__ import annotations
 
@@ -33,6 +35,16 @@ class NodeCredentials:
     certificate: bytes   # PEM, empty without a CSR
     key: bytes           # PEM, the private key of the certificate
     ca: bytes
+
+
+def own_address(host: str) -> str | None:
+    """The address a node connects from: ``host`` when it is one IP address (not a
+    wildcard such as 0.0.0.0 nor a name), else None (the system picks)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return None if ip.is_unspecified else str(ip)
 
 
 def make_csr(node: str, hosts: list[str]) -> tuple[bytes, bytes]:

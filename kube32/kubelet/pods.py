@@ -14,6 +14,17 @@ runs the container's life:
 4. run until the pod exits by itself (a command pod returned: ``Completed``; a trap:
    ``Error``), then restart per ``restartPolicy`` or end in ``Succeeded``/``Failed``.
 
+A container image is one of the pod spec's mutable fields (``kubectl set image``,
+``kubectl patch``).  As Kubernetes' kubelet does, a worker whose pod's image changed
+ends the container ("Container main definition changed, will be restarted", event
+``Killing``), counts a restart and starts the new image at once, whatever the
+``restartPolicy``: a fresh start with ``k32_init`` (the state of another module is
+not this one's); a back-off or a failing pull of the old image is cut short.  A
+frozen container (a move's snapshot is being taken of it) restarts once it thaws:
+the snapshot is of the module that ran, and the move refuses to hand it to the new
+image (kube32.controllers.imagecheck).  ``status.containerStatuses[].image`` is the
+image of the container that runs.
+
 A pod with ``kube32.io/restore-from`` restores instead of step 3 (never restarted when
 that fails: ``RestoreError``).  A move's replacement usually finds its restore begun by
 the node's prefetch (kube32.kubelet.prefetch): it then takes the prepared module and
@@ -38,7 +49,7 @@ from ..movability import RESTORE_FROM
 from ..wasm import ImageError, Pod, PodError
 from .images import PullError
 from .logs import LogBuffer
-from .migration import DataRequest, RestoreError, finish, restore
+from .migration import CRASH_RESTORES_MESSAGE, DataRequest, RestoreError, finish, restore
 from .podspec import ConfigError
 
 if TYPE_CHECKING:
@@ -48,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kube32.kubelet.pods")
 
 FIRST_REPORT_GRACE = 0.05  # s
+FROZEN_RESTART_POLL = 0.2  # s: how often a frozen container whose image changed looks for its thaw
 STARTED_EVENT_WAIT = 1.0  # s: the Started event waits this long at most for the Running status
 
 
@@ -64,7 +76,8 @@ class PodWorker:
         self.namespace: str = md["namespace"]
         self.name: str = md["name"]
         self.container: str = (pod["spec"].get("containers") or [{}])[0].get("name", "main")
-        self.image: str = (pod["spec"].get("containers") or [{}])[0].get("image", "")
+        self.image: str = self._spec_image()  # the image of the container that runs (or starts)
+        self._respec = asyncio.Event()  # the pod's image is no longer self.image
         self.logs = LogBuffer(asyncio.get_running_loop(), kubelet.options.log_lines)
         self.instance: Pod | None = None
         self.restart_count = 0
@@ -102,8 +115,13 @@ class PodWorker:
         return ("running" in self.state and inst is not None and not inst.frozen
                 and inst.state in ("running", "starting"))
 
+    def _spec_image(self) -> str:
+        return (self.pod["spec"].get("containers") or [{}])[0].get("image", "")
+
     def update(self, pod: dict[str, Any]) -> None:
         self.pod = pod
+        if self._spec_image() != self.image:
+            self._respec.set()
 
     def changed(self) -> None:
         """Something the status shows changed: write it soon (and tell the node)."""
@@ -119,6 +137,8 @@ class PodWorker:
                 outcome = await self._attempt()
                 if outcome == "done":
                     return
+                if outcome == "respec" or self._respec.is_set():
+                    continue  # a new image starts at once, with no back-off of the old one's
                 delay = backoff
                 backoff = min(backoff * 2, self.kl.options.backoff_max)
                 if outcome == "crash":
@@ -126,7 +146,7 @@ class PodWorker:
                                   f"back-off {delay:g}s restarting failed container={self.container} "
                                   f"pod={self.name}_{self.namespace}({self.uid})"}}
                     self.changed()
-                await asyncio.sleep(delay)
+                await wait_set(self._respec, delay)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a kubelet bug must show on the pod, not kill the node
@@ -148,12 +168,16 @@ class PodWorker:
                 self.kl.prefetch.discard(prepared)
 
     async def _attempt_once(self) -> str:
+        self._respec.clear()
+        self.image = self._spec_image()
         ann = self.pod["metadata"].get("annotations") or {}
         wanted = None if self._restore_tried else self._restore_annotation()
         # A move toward this node began its restore before this pod existed (kube32.kubelet.prefetch).
         begun = self.kl.prefetch.take(self.namespace, wanted) if wanted else None
         self._prepared = await begun if begun is not None else None
         try:
+            if wanted and "crash-restores" in self.kl.options.faults:
+                raise ImageError(CRASH_RESTORES_MESSAGE)
             if self._prepared is not None and self._prepared.image == self.image:
                 module = self._prepared.module
             else:
@@ -242,7 +266,10 @@ class PodWorker:
         await wait_set(self._reported, STARTED_EVENT_WAIT)
         how = f" (restored from checkpoint {restore_from})" if restore_from else ""
         await self.kl.events.record(self.pod, "Normal", "Started", f"Started container {self.container}{how}")
-        code, reason, message = await exit_future
+        ended = await self._until_exit(exit_future)
+        if ended is None:
+            return await self._restart_for_new_image(instance, started_at)
+        code, reason, message = ended
         self._forget_instance()
         self.started = False
         self._terminated(code, reason, message, started_at)
@@ -254,6 +281,35 @@ class PodWorker:
         self.restart_count += 1
         self.last_state, self.state = self.state, {}
         return "crash"
+
+    async def _until_exit(self, exit_future: asyncio.Future) -> tuple[int, str, str] | None:
+        """How the container ended by itself, or None when the pod's image changed first
+        (the container still runs; a frozen one is waited for until it thaws)."""
+        while True:
+            respec = asyncio.ensure_future(self._respec.wait())
+            try:
+                await asyncio.wait({exit_future, respec}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                respec.cancel()
+            if exit_future.done():
+                return exit_future.result()
+            inst = self.instance
+            if inst is None or not inst.frozen:
+                return None
+            await asyncio.sleep(FROZEN_RESTART_POLL)
+
+    async def _restart_for_new_image(self, instance: Pod, started_at: str) -> str:
+        """Kubernetes' kubelet on a changed container spec: kill, count a restart, start anew."""
+        message = f"Container {self.container} definition changed, will be restarted"
+        await self.kl.events.record(self.pod, "Normal", "Killing", message)
+        await asyncio.to_thread(instance.stop)
+        self._forget_instance()
+        self.started = False
+        self._terminated(0, "Completed", message, started_at)
+        self.restart_count += 1
+        self.last_state, self.state = self.state, {"waiting": {"reason": "ContainerCreating"}}
+        self.changed()
+        return "respec"
 
     def _restore_from(self) -> str | None:
         """The Checkpoint to restore from: only the first start of this pod does; a

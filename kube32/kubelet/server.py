@@ -15,7 +15,7 @@ endpoints of the migration work plug in there):
   :data:`~kube32.holding.NOT_STARTED`, and no answer of a pod does (the header is
   dropped from it): the proxies hold and re-send only what is so marked.
 * ``/containerLogs/<ns>/<pod>/<container>?follow=&tailLines=&timestamps=&previous=&sinceSeconds=&sinceTime=&limitBytes=``.
-* ``/checkpoint/<ns>/<pod>/<container>`` and ``/thaw/...``: see :mod:`.migration`.
+* ``/checkpoint/<ns>/<pod>/<container>``, ``/thaw/...`` and ``/images/pull``: see :mod:`.migration`.
 * ``/devices/keyboard?key=K[&namespace=NS]``: a key press on a node with a
   keyboard, published on the topic ``keyboard``.
 * ``/healthz``.
@@ -330,6 +330,7 @@ async def keyboard(kl: "Kubelet", request: web.Request) -> web.Response:
 ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/checkpoint/{ns}/{pod}/{container}", migration.checkpoint),
     ("POST", "/thaw/{ns}/{pod}/{container}", migration.thaw),
+    ("POST", "/images/pull", migration.pull_image),
     ("GET", "/healthz", healthz),
     ("*", "/pods/{ns}/{pod}/http/{path:.*}", pod_http),
     ("GET", "/containerLogs/{ns}/{pod}/{container}", container_logs),

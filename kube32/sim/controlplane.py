@@ -4,7 +4,9 @@ scheduler, the controllers and a kubelet for the control plane's own node).
 Startup order: open the store under ``--data-dir``, load or create the tokens,
 listen (port 0 picks a free port), then write the kubeconfigs with the real
 address, so a kubeconfig never names a port nobody listens on.  SIGINT/SIGTERM
-stop it cleanly: the listener closes, open watches end, the store closes.
+stop it cleanly, workers connected or not: the listener closes, open watches and
+topic subscriptions end, the store closes, and a request still running after
+``serving.SHUTDOWN_GRACE_SECONDS`` (a followed log, a proxied stream) is cancelled.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .. import serving
-from ..apiserver import pki, podreplacement
+from ..apiserver import checkpointstatus, pki, podreplacement
 from ..apiserver.auth import (APISERVER, BOOTSTRAP_USER, KUBELET_CLIENT, load_or_create_tokens,
                               read_token_file, write_kubeconfigs)
 from ..apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataAPI, CheckpointDataSpace
@@ -79,27 +81,31 @@ class ControlPlane:
         auth = load_or_create_tokens(self.opts.data_dir)
         if self.opts.token_auth_file is not None:
             auth.add_static(read_token_file(self.opts.token_auth_file))
-        # The CA exists even with --insecure-http: kubelets still get serving
+        # The CAs exist even with --insecure-http: kubelets still get serving
         # certificates, and the API server verifies them before sending its token.
         pki_dir = self.opts.data_dir / "pki"
-        ca_crt, _ = pki.ensure_ca(pki_dir)
+        cas = pki.ensure_pki(pki_dir)
         # Kubelets: HTTPS ones get a client certificate; plain-HTTP ones a token of a
         # user with no API permissions.  No node ever sees a token of system:masters.
+        # The API server trusts only the kubelet-serving signer for kubelets, and clients
+        # only the API server CA for the API server (kube32.apiserver.pki).
         client_cert = pki.issue_client_cert(pki_dir, "apiserver-kubelet-client", pki.KUBELET_CLIENT_CN)
         self.server = APIServer(self.store, auth, kubelet_token=auth.token_for(KUBELET_CLIENT),
-                                 kubelet_ssl=pki.client_context(ca_crt, client_cert),
+                                 kubelet_ssl=pki.client_context(cas.kubelet, client_cert),
                                  images_dir=self.opts.data_dir / "images")
         self.server.kubelets.cert_auth = True
         self.server.pki_dir = pki_dir
         await self.server.ensure_defaults()
         CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))
+        # The data space starts empty: what the Checkpoints held is gone, and they say so.
+        await checkpointstatus.lost_at_start(self.server.registry)
         podreplacement.install(self.server)
         self.runner = serving.GuardedRunner(self.server.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         ssl_ctx, ca_pem = None, None
         if not self.opts.insecure_http:
             crt, key = pki.issue_serving_cert(pki_dir, "apiserver", pki.default_hosts(self.opts.host))
-            ssl_ctx, ca_pem = pki.server_context(crt, key), ca_crt.read_bytes()
+            ssl_ctx, ca_pem = pki.server_context(crt, key), cas.apiserver.read_bytes()
         site = web.TCPSite(self.runner, self.opts.host, self.opts.port, reuse_address=True,
                            ssl_context=ssl_ctx)
         await site.start()

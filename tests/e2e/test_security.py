@@ -36,6 +36,8 @@ class Cluster:
         self.server = doc["clusters"][0]["cluster"]["server"]
         self.ctx = ssl.create_default_context(
             cadata=base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"]).decode())
+        # Kubelets' certificates are from the kubelet-serving signer, which only the API server trusts.
+        self.kubelet_ctx = ssl.create_default_context(cafile=str(cp.data_dir / "pki" / "kubelet-ca.crt"))
 
     def token_of(self, user: str) -> str:
         tokens = json.loads((self.cp.data_dir / "tokens.json").read_text())
@@ -50,10 +52,11 @@ class Cluster:
         headers = {"Content-Type": ctype}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        req = urllib.request.Request(url if url.startswith("http") else self.server + url, data=body,
-                                     method=method, headers=headers)
+        url = url if url.startswith("http") else self.server + url
+        req = urllib.request.Request(url, data=body, method=method, headers=headers)
+        ctx = self.ctx if url.startswith(self.server) else self.kubelet_ctx
         try:
-            with urllib.request.urlopen(req, context=self.ctx, timeout=60) as r:
+            with urllib.request.urlopen(req, context=ctx, timeout=60) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
@@ -267,10 +270,10 @@ def test_kubelet_checkpoint_answers_only_the_control_plane(cluster: Cluster) -> 
     # Client certificates: only the API server's CN passes; another CA-signed name is refused.
     from kube32.apiserver import pki
     pki_dir = cluster.cp.data_dir / "pki"
-    other = pki.issue_serving_cert(pki_dir, "test-other", ["127.0.0.1"])   # CN=test-other
+    other = pki.issue_client_cert(pki_dir, "test-other", "test-other")
     own = (pki_dir / "apiserver-kubelet-client.crt", pki_dir / "apiserver-kubelet-client.key")
     for cert, want in ((other, 403), (own, 404)):
-        ctx = ssl.create_default_context(cafile=str(pki_dir / "ca.crt"))
+        ctx = ssl.create_default_context(cafile=str(pki.ensure_pki(pki_dir).kubelet))
         ctx.load_cert_chain(*cert)
         try:
             with urllib.request.urlopen(urllib.request.Request(f"{base}/containerLogs/{NS}/nope/main"),

@@ -185,11 +185,11 @@ def test_logs_previous_since_and_limit_bytes(sim_cluster: ControlPlane, tmp_path
 
 def test_kubelet_endpoint_admits_only_the_api_server(sim_cluster: ControlPlane) -> None:
     node = get_json(sim_cluster, "node", "sim-1")
-    import ssl  # the kubelet serves TLS with a certificate from the cluster CA
+    import ssl  # the kubelet serves TLS with a certificate from the kubelet-serving signer
     assert node["metadata"]["annotations"]["kube32.io/kubelet-scheme"] == "https"
     ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
     base = f"https://{ip}:{node['status']['daemonEndpoints']['kubeletEndpoint']['Port']}"
-    ctx = ssl.create_default_context(cafile=str(sim_cluster.data_dir / "pki" / "ca.crt"))
+    ctx = ssl.create_default_context(cafile=str(sim_cluster.data_dir / "pki" / "kubelet-ca.crt"))
     token = yaml.safe_load(sim_cluster.kubeconfig.read_text())["users"][0]["user"]["token"]
     codes = []
     for headers in ({}, {"Authorization": "Bearer not-a-token"}, {"Authorization": f"Bearer {token}"}):

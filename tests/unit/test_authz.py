@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kube32.apiserver import authz, pki
+from kube32.apiserver import authz
 from kube32.apiserver.auth import TokenAuthenticator, TokenFileError, User, read_token_file
 from kube32.apiserver.errors import APIError
 from kube32.apiserver.registry import Registry
 from kube32.apiserver.resources import by_plural
-from kube32.kubelet.join import make_csr
 from kube32.store import SQLiteStore
 
 JANE = User("jane", ("dev",))
@@ -175,17 +174,6 @@ def test_node_tokens_replace_the_previous_one_and_persist(tmp_path: Path) -> Non
     assert auth.authenticate("Bearer static") is not None     # static tokens are the file's business
     assert "static" not in (tmp_path / "tokens.json").read_text()
     assert second in (tmp_path / "tokens.json").read_text()
-
-
-def test_node_csr_is_signed_for_the_node_only(tmp_path: Path) -> None:
-    from cryptography import x509
-    _, csr = make_csr("a", ["127.0.0.1", "localhost"])
-    cert = x509.load_pem_x509_certificate(pki.sign_node_csr(tmp_path, csr, "a"))
-    assert cert.subject.rfc4514_string() == "CN=system:node:a,O=system:nodes"
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert [str(v) for v in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
-    with pytest.raises(pki.CSRError, match="not a PEM CSR"):
-        pki.sign_node_csr(tmp_path, b"garbage", "a")
 
 
 def test_service_account_tokens_are_signed_and_expire() -> None:
