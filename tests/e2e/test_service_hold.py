@@ -502,27 +502,29 @@ def test_a_drain_fails_no_request_through_the_service(cluster: ControlPlane, ima
 
 def test_a_rollback_sends_the_held_requests_to_the_pod_restored_on_its_source(cluster: ControlPlane,
                                                                                image: str) -> None:
-    """The target damages every restore (``--fault corrupt-restores``): the move rolls back
-    and the requests held meanwhile go to the pod restored on its source.  (A pod of its
-    own: a Deployment's pod is not restored on its source when its replacement failed -
-    its ReplicaSet starts another; see the report.)"""
+    """The target damages every restore (``--fault corrupt-restores``): the move of a
+    Deployment's pod rolls back and the requests held meanwhile go to the pod restored
+    on its source."""
     worker = extra_worker(cluster, "bad-target", "--fault", "corrupt-restores")
     try:
-        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(service("rb")))
-        cluster.kubectl("apply", "-f", "-", input=counter_pod("rb", "sim-1", image))
-        wait_for(lambda: ready(cluster, "rb"), 30, what="rb Ready")
+        cluster.kubectl("cordon", "bad-target")
+        cluster.kubectl("apply", "-f", "-", input=deployment("rb", image))
+        cluster.kubectl("rollout", "status", "deployment/rb", "--timeout=60s", timeout=90)
+        cluster.kubectl("uncordon", "bad-target")
+        pod = pods_of(cluster, "rb")[0]
+        name, source = pod["metadata"]["name"], pod["spec"]["nodeName"]
         with Load(cluster, {"service": ("/api/v1/namespaces/default/services/rb/proxy/", {})}) as load:
             time.sleep(0.3)
-            out = cli(cluster, "move", "rb", "--to", "bad-target")
-            assert out.returncode == 1 and "rolled back to sim-1" in out.stdout.decode(), out.stdout.decode()
-            wait_for(lambda: ready(cluster, "rb"), 30, what="rb back on sim-1")
+            out = cli(cluster, "move", name, "--to", "bad-target")
+            assert out.returncode == 1 and f"rolled back to {source}" in out.stdout.decode(), out.stdout.decode()
+            wait_for(lambda: ready(cluster, name), 30, what=f"{name} back on {source}")
             time.sleep(0.5)
-        assert get_json(cluster, "pod", "rb")["spec"]["nodeName"] == "sim-1"
+        assert [(p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods_of(cluster, "rb")] == [(name, source)]
         assert not load.failed(), load.failed()[:5]
         load.check_counters()
         assert max(s for *_, s in load.answers) > 0.05, "requests were held through the rollback"
     finally:
-        cluster.kubectl("delete", "pod,service", "rb", "--wait=false")
+        cluster.kubectl("delete", "deployment,service", "rb", "--wait=false")
         worker.stop()
         cluster.kubectl("delete", "node", "bad-target", "--wait=false", check=False)
 
