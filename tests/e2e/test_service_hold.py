@@ -500,6 +500,37 @@ def test_a_drain_fails_no_request_through_the_service(cluster: ControlPlane, ima
     cluster.kubectl("delete", "deployment,service", "drained")
 
 
+def test_a_worker_that_stops_fails_no_request_through_the_service(cluster: ControlPlane, image: str) -> None:
+    """A ``kube32-sim`` worker stopped with SIGTERM drains itself and exits: its pods move,
+    and requests that still go its way (its kubelet stopping, then gone) are held."""
+    worker = extra_worker(cluster, "leaving")
+    others = ("sim-1", "sim-2", "devkit")
+    for node in others:
+        cluster.kubectl("cordon", node)
+    try:
+        cluster.kubectl("apply", "-f", "-", input=deployment("leave", image, replicas=2))
+        cluster.kubectl("rollout", "status", "deployment/leave", "--timeout=60s", timeout=90)
+    finally:
+        for node in others:
+            cluster.kubectl("uncordon", node)
+    assert {p["spec"]["nodeName"] for p in pods_of(cluster, "leave")} == {"leaving"}
+    try:
+        with Load(cluster, {"service": ("/api/v1/namespaces/default/services/leave/proxy/", {})},
+                  pause=0.005) as load:
+            time.sleep(0.5)
+            assert worker.stop(signal.SIGTERM, timeout=40) == 0, worker.output()[-2000:]
+            wait_for(lambda: all(ready(cluster, p["metadata"]["name"]) for p in pods_of(cluster, "leave")),
+                     30, what="the pods running elsewhere")
+            time.sleep(0.5)
+        assert not load.failed(), load.failed()[:5]
+        assert {p["spec"]["nodeName"] for p in pods_of(cluster, "leave")} <= set(others)
+        load.check_counters()
+    finally:
+        cluster.kubectl("delete", "deployment,service", "leave", "--wait=false")
+        worker.stop(signal.SIGKILL)
+        cluster.kubectl("delete", "node", "leaving", "--wait=false", check=False)
+
+
 def test_a_rollback_sends_the_held_requests_to_the_pod_restored_on_its_source(cluster: ControlPlane,
                                                                                image: str) -> None:
     """The target damages every restore (``--fault corrupt-restores``): the move of a
