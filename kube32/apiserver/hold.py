@@ -20,12 +20,13 @@ it gets.  The body of a holdable request is read whole before the first send, th
 one copy a second send needs.
 
 Order.  Each target with held requests has one :class:`HoldQueue`, first in first
-out.  While it exists every new request for the target joins it, so none overtakes a
-held one.  Its dispatcher hands the requests, first come first, to the Ready pods in
+out.  While any request waits in it, every new request for the target joins it, so
+none overtakes a held one; once all have gone to pods, new ones go straight on again
+(those in flight are not waited for: they went first).  Its dispatcher hands the requests, first come first, to the Ready pods in
 turn, each pod up to :data:`WINDOW` in flight (the rest wait for one of those to be
 answered).  Not one at a time: with a round trip of 20-150 ms on a loaded control
 plane, one at a time drains slower than 100 requests/s arrive, and the queue, which
-every new request joins, would never empty (bench_service_hold).  Requests in flight
+new requests join, would not empty (bench_service_hold).  Requests in flight
 together come from different clients, with no order between them; one client's
 requests on one connection are sequential anyway (the next is read after the answer).
 
@@ -266,7 +267,8 @@ class Holds:
         module).  ``no_pod`` is the error of a target with no pod to send to, as today."""
         deadline = time.monotonic() + bound
         refusal: Refusal | None = None
-        if target.key not in self.queues:
+        queue = self.queues.get(target.key)
+        if queue is None or not queue.waiting:   # nothing held waits: none to overtake
             pods, _ = await self.pods(target)
             first, any_ready = self.first_choice(pods)
             if first is None and not any_ready and not await self.moving(target, pods):
