@@ -6,10 +6,12 @@ the Service's bound (``kube32.io/hold-requests``), then answer the 503 as before
 
 Two parts.  The rules, against the real API server and a kubelet stand-in whose pod
 answers as the test says (frozen, its own 503, or a number in arrival order): what is
-held and what is not, order, bodies, bounds, the pod proxy's switch, the event and the
-counters.  Then moves on a real cluster (``kube32-sim``): a client loop through the
-Service proxy and a NodePort while the pod moves back and forth, a ``kubectl drain``,
-a rollback and a move longer than the bound.
+held and what is not, bodies, bounds, the annotation, the pod proxy's switch and the
+event (order and the queue's bounds: tests/unit/test_hold.py).  Then moves on a real
+cluster (``kube32-sim``), with clients asking one request at a time and every pod's
+counts checked for gaps and repeats: through the Service proxy, a NodePort and kubectl
+proxy while the pod moves back and forth, a ``kubectl drain``, a worker that stops, a
+rollback, a move longer than the bound, and a pod that forges the kubelet's mark.
 """
 from __future__ import annotations
 
