@@ -207,11 +207,7 @@ class PodWorker:
         started_at = now()
         self.phase = "Running"
         try:
-            if plan is not None:
-                self._restore_tried = True
-                await plan.restore(instance)
-            else:
-                await asyncio.to_thread(instance.start)
+            await self._start(instance, plan)
         except RestoreError as e:
             # Not restarted: a second try would start the pod afresh, losing the state.
             self._forget_instance()
@@ -229,6 +225,14 @@ class PodWorker:
         if ended is None:
             return await self._restart_for_new_image(instance, started_at)
         return self._ended(*ended, started_at)
+
+    async def _start(self, instance: Pod, plan: RestorePlan | None) -> None:
+        """k32_init, or the plan's restore (PodError, RestoreError)."""
+        if plan is None:
+            await asyncio.to_thread(instance.start)
+            return
+        self._restore_tried = True
+        await plan.restore(instance)
 
     async def _module(self, plan: RestorePlan | None) -> Module | str:
         """The module of the pod's image (the plan's when prepared for it), or the attempt's

@@ -209,11 +209,6 @@ class RestorePlan:
         self._snapshot: Snapshot | None = None  # the prepared snapshot, once its instance is claimed
         self._request: DataRequest | None = None
 
-    @property
-    def prepared(self) -> bool:
-        """The move's prefetch prepared this restore (and it was not dropped)."""
-        return self._prepared is not None or self._snapshot is not None
-
     def module_for(self, image: str) -> Module | None:
         """The module prepared for ``image``; None: load it."""
         p = self._prepared

@@ -24,6 +24,7 @@ COUNTER = (ROOT / "examples" / "pods" / "counter.wasm").read_bytes()
 IMAGE = "wasm://images.test/counter.wasm"
 OTHER_IMAGE = "wasm://images.test/counter-2.wasm"
 CHECKPOINT = "counter-move-1"
+DATA_PATH = f"/apis/kube32.io/v1/namespaces/default/checkpoints/{CHECKPOINT}/data"
 
 
 class FakeResponse:
@@ -84,8 +85,8 @@ class FakeNode:
         self.options = KubeletOptions(node_name="fake", backoff_base=0.05, backoff_max=0.05, faults=faults)
         self.ip = "127.0.0.1"
         self.calls: list[str] = []      # what the node did, in order
-        self.client = FakeClient(self, data)
-        self.events = FakeEvents()
+        self.client: Any = FakeClient(self, data)   # Any: it stands in for a Client
+        self.events: Any = FakeEvents()
         self.runtime = Runtime(None, engine="wasmtime")
         self.channels = ChannelRegistry()
         self.published: list[tuple[str, str, bytes, str]] = []
@@ -167,7 +168,7 @@ async def prepared_restore(node: FakeNode, image: str = IMAGE, config: PodConfig
     module = node.module()
     config = config or node.config()
     instance = node.new_instance(module, config)
-    request = DataRequest(node.client, "default", CHECKPOINT)  # type: ignore[arg-type]
+    request = DataRequest(node.client, "default", CHECKPOINT)
     try:
         snapshot = await read_into(instance, request)
     finally:
@@ -256,7 +257,7 @@ async def test_a_restore_prepared_for_another_config_or_image_is_dropped_and_the
     try:
         assert source.discarded == [prepared] and not source.claimed
         assert worker.instance is not prepared.instance
-        data = f"GET /apis/kube32.io/v1/namespaces/default/checkpoints/{CHECKPOINT}/data"
+        data = f"GET {DATA_PATH}"
         # The prepared module serves the same image; another image's is loaded first.
         assert node.calls == ([data] if mismatch == "config" else [f"load {IMAGE}", data])
         assert_restored(node, worker)
@@ -271,7 +272,7 @@ async def test_without_a_prepared_restore_the_data_is_asked_for_once_the_module_
     source = Preparations(node)
     worker = await restored_worker(node, source)
     try:
-        assert node.calls == [f"load {IMAGE}", f"GET /apis/kube32.io/v1/namespaces/default/checkpoints/{CHECKPOINT}/data"]
+        assert node.calls == [f"load {IMAGE}", f"GET {DATA_PATH}"]
         assert_restored(node, worker, requests_before=5)
     finally:
         await worker.stop()
