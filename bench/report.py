@@ -65,7 +65,8 @@ def machine() -> str:
     return table(["", ""], [
         ["CPU", cpu], ["cores", str(os.cpu_count())], ["memory", f"{mem / 2**30:.1f} GiB"],
         ["OS", f"{platform.system()} {platform.release()}"],
-        ["Python", sys.version.split()[0]], ["wasmtime (Python)", wt], ["aiohttp", aiohttp.__version__],
+        ["Python", sys.version.split()[0]], ["wasmtime (Python)", wt], ["pwasm", _pip_version("pwasm")],
+        ["aiohttp", aiohttp.__version__],
         ["kubectl", kubectl],
     ])
 

@@ -16,6 +16,8 @@ MIGRATION = "kube32.io/migration"
 RESTORE_FROM = "kube32.io/restore-from"
 # The facts of a stored snapshot in a Checkpoint's status (spec: "Checkpoint objects and data").
 SNAPSHOT_FACTS = ("sizeBytes", "snapshotSha256", "imageSha256", "podTimeMs")
+# The condition a Checkpoint's status has while its data is gone (kube32.apiserver.checkpointstatus).
+DATA_STORED = "DataStored"
 TRIGGER = "kube32.io/trigger"           # label: periodic, eviction, memory-pressure or placement
 PLACEMENT = "kube32.io/placement"       # "fastest"
 CHECKPOINT_INTERVAL = "kube32.io/checkpoint-interval"
@@ -24,6 +26,37 @@ POLICIES = ("OnDrain", "Never", "Auto")
 BLOCKING_CAPABILITIES = ("DISPLAY", "KEYBOARD", "SPEAKER", "SD", "CHIP_TEMP")
 ENTRY_POINTS = ("_start", "app_main", "main")
 I2C_GRANT = "kube32.io/i2c-device"
+TOPICS = "kube32.io/events"             # annotation: the topics a pod hears, "a,b"
+
+
+def data_gone(ck: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``DataStored=False`` condition of a Checkpoint whose data is gone (dropped to
+    make room, or lost with a control plane restart), else None."""
+    for c in ((ck or {}).get("status") or {}).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == DATA_STORED and c.get("status") == "False":
+            return c
+    return None
+
+
+def restore_from(pod: dict[str, Any]) -> str | None:
+    """The Checkpoint a pod restores from (``kube32.io/restore-from``), if any."""
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(RESTORE_FROM) or None
+
+
+def replacement_of_move(ck: dict[str, Any] | None, pod: dict[str, Any]) -> bool:
+    """``pod`` is the replacement of ``ck``, a move under way: the Checkpoint controller
+    alone decides what becomes of it (it completes, or rolls back to its source from the
+    same Checkpoint); deleting it would lose the pod's state.  Still ``Saving`` counts: the
+    Moving status follows the replacement by a moment, and a small pod may run, or fail
+    to restore, before it."""
+    st = (ck or {}).get("status") or {}
+    uid = (pod.get("metadata") or {}).get("uid")
+    if not uid or restore_from(pod) != ((ck or {}).get("metadata") or {}).get("name"):
+        return False
+    if st.get("phase") == "Moving":
+        return st.get("newPodUID") == uid
+    return st.get("phase") == "Saving" and ((ck or {}).get("spec") or {}).get("action") == "Move" \
+        and st.get("targetNode") == (pod.get("spec") or {}).get("nodeName") and st.get("podUID") not in (None, uid)
 
 
 def policy(pod: dict[str, Any]) -> str:
@@ -97,6 +130,14 @@ def spec_blockers(pod: dict[str, Any], image_exports: Iterable[str] | None = Non
         if entry is not None:
             blockers.append(f"entry point {entry} runs on its own thread")
     return blockers
+
+
+def topics(pod: dict[str, Any]) -> tuple[str, ...]:
+    """The event topics of the pod spec (annotation ``kube32.io/events``), in its order:
+    what the kubelet subscribes the pod to, and what the control plane holds for it
+    during a move."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(TOPICS, "")
+    return tuple(dict.fromkeys(t.strip() for t in str(value).split(",") if t.strip()))
 
 
 def embedded_digest(image: str) -> str | None:

@@ -24,8 +24,9 @@ Invariants:
   Checkpoints of moves toward it (list/watch only with ``fieldSelector=
   status.targetNode=<itself>``; while the move is Saving or Moving, its data, the
   pod being moved and the ConfigMaps and Secrets that pod names); it writes
-  only its own Node, Lease and its pods' status.  Everything else of these kinds
-  is a 403 that says why.
+  only its own Node, Lease and its pods' status; it proxies only to the Services
+  its NodePorts serve (type NodePort or LoadBalancer).  Everything else of these
+  kinds is a 403 that says why.
 * A refusal is a 403 whose message is Kubernetes', word for word:
   ``pods "x" is forbidden: User "jane" cannot get resource "pods" in API group ""
   in the namespace "default"``.
@@ -213,6 +214,18 @@ class NodeAuthorizer:
                 out.append(pod)
         return out
 
+    async def _serves_node_ports(self, namespace: str, proxied: str) -> bool:
+        """Whether the Service a proxy request names (``[scheme:]name[:port]``) is one the
+        nodes answer on a port; one that is gone reveals nothing (its 404 follows)."""
+        from .proxy import split_proxied_name
+        from .resources import by_plural
+        from .strategies.service import NODE_PORT_TYPES
+        name = split_proxied_name(proxied)
+        if name is None or not namespace:
+            return False
+        svc = await self.registry.try_get(by_plural("services"), namespace, name)
+        return svc is None or (svc.get("spec") or {}).get("type") in NODE_PORT_TYPES
+
     async def _checkpoint_pod_on(self, node: str, namespace: str, name: str) -> bool:
         """Whether the pod a Checkpoint was taken of is on ``node`` and restores from it:
         two reads, where listing the pods on the node costs one decode per pod (a drain's
@@ -253,9 +266,14 @@ class NodeAuthorizer:
                 return Decision.ALLOW, ""
             return Decision.DENY, f"node '{node}' may only use its own Lease"
         if key == ("", "services"):
-            # As kube-proxy: a node serves NodePort Services, forwarding through services/proxy.
-            if (a.subresource == "" and a.verb in ("get", "list", "watch")) or a.subresource == "proxy":
+            if a.subresource == "" and a.verb in ("get", "list", "watch"):
                 return Decision.ALLOW, ""
+            # As kube-proxy: a node serves NodePort Services, forwarding through services/proxy;
+            # to those alone (open to anyone on the network anyway), not to every Service.
+            if a.subresource == "proxy":
+                if await self._serves_node_ports(a.namespace, a.name):
+                    return Decision.ALLOW, ""
+                return Decision.DENY, f"node '{node}' may only proxy to NodePort and LoadBalancer Services"
             return Decision.DENY, deny
         if key in (("", "events"), ("events.k8s.io", "events")) and a.verb in ("create", "update", "patch"):
             return Decision.ALLOW, ""
@@ -425,7 +443,7 @@ async def _review_body(request: web.Request, what: str,
     if raw.startswith(b"k8s\x00"):
         body: Any = proto(raw)
     else:
-        body = bodies.decode(raw, bodies.media_type(request), f"cannot create {what}")
+        body = await bodies.decode_async(raw, bodies.media_type(request), f"cannot create {what}")
     if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
         raise errors.bad_request(f"cannot create {what}: the body must be an object with a spec")
     return body, body["spec"]

@@ -1,23 +1,77 @@
-"""Request bodies: size limits, JSON/YAML/Kubernetes-protobuf decoding, and strict field validation.
+"""Request bodies: size, time and depth limits, JSON/YAML/Kubernetes-protobuf decoding,
+and strict field validation.
 
 A body that cannot be decoded, names a field twice or (under
 ``fieldValidation=Strict``) names a field the kind does not have is refused
 with a 400 that names the problem; nothing reaches the registry.  A protobuf body
 (``k8s\x00`` + runtime.Unknown, see :mod:`.protobuf`) becomes the same JSON object the
 JSON path would give; a protobuf kind without a schema is a 415 that names the kind.
+
+Bounds (:mod:`.limits`), each refused with a status that says which:
+
+* size: more than ``MAX_BODY`` bytes is a 413, said before the body is read whole;
+* time: a body that has not arrived whole ``BODY_TIMEOUT`` seconds after its request
+  began is a 408 (a stalled one is cut sooner: :mod:`kube32.serving`);
+* depth: nesting deeper than ``MAX_DEPTH`` is a 400, found before anything recurses
+  (JSON: :mod:`.jsonshape` measures the raw bytes; YAML: :mod:`.yamlbody` builds
+  without recursion; protobuf: its schema's depth bound);
+* values: more than ``MAX_VALUES`` is a 413, measured the same ways;
+* expansion: YAML aliases and merge keys that would expand past ``MAX_DECODED`` bytes
+  are a 413 (:mod:`.yamlbody`);
+* values with no JSON form (NaN, Infinity) are a 400.
+
+Decoding a large body runs on a worker thread (two at most), so the event loop that
+answers health checks and Lease renewals keeps running while it works; and requests
+with large bodies are handled one at a time (:class:`HeavyBodies`, as kube-apiserver's
+priority and fairness queues heavy writes apart from Leases and health checks), so
+many of them at once cannot add up to a stall: the others wait their turn without
+holding the loop.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import yaml
 from aiohttp import web
 
-from . import errors, protobuf
+from ..serving import BODY_TIMEOUT
+from . import errors, jsonshape, protobuf, yamlbody
+from .limits import MAX_BODY, MAX_DECODED, MAX_DEPTH, MAX_VALUES
 from .resources import Resource
 
-MAX_BODY = 3 * 1024 * 1024  # as kube-apiserver's default for objects
+__all__ = ["MAX_BODY", "HeavyBodies", "read_raw", "read_body", "decode", "decode_async", "media_type",
+           "check_fields"]
+
+INLINE_DECODE = 16 << 10  # bytes: a larger body is decoded on a worker thread
+HEAVY_BODY = 64 << 10     # bytes: a larger body makes its request wait its turn (HeavyBodies)
+_DECODERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kube32-decode")
+
+
+class HeavyBodies:
+    """Requests whose decoded body is larger than ``HEAVY_BODY`` are handled ``at_once``
+    at a time, from their decoding to their response; :func:`read_body` takes the turn
+    and :meth:`middleware` gives it back when the request ends."""
+
+    KEY = web.AppKey("kube32-heavy-bodies", object)
+
+    def __init__(self, at_once: int = 1) -> None:
+        self._turns = asyncio.Semaphore(at_once)
+
+    async def wait_turn(self, request: web.Request) -> None:
+        if request.get("kube32.heavy") is not self:
+            await self._turns.acquire()
+            request["kube32.heavy"] = self
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        finally:
+            if request.get("kube32.heavy") is self:
+                self._turns.release()
 
 
 class _DuplicateKey(ValueError):
@@ -33,15 +87,25 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value (JSON has no NaN or infinity)")
+
+
+# --- reading ---------------------------------------------------------------------------
 async def read_raw(request: web.Request, limit: int = MAX_BODY) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
         raise errors.too_large(f"the request body is {length} bytes, more than the limit of {limit} bytes")
     data = bytearray()
-    async for chunk in request.content.iter_chunked(65536):
-        data += chunk
-        if len(data) > limit:
-            raise errors.too_large(f"the request body is more than the limit of {limit} bytes")
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT):
+            async for chunk in request.content.iter_chunked(65536):
+                data += chunk
+                if len(data) > limit:
+                    raise errors.too_large(f"the request body is more than the limit of {limit} bytes")
+    except TimeoutError:
+        raise errors.APIError(408, "Timeout", f"the request body did not arrive whole within "
+                              f"{BODY_TIMEOUT:g}s ({len(data)} bytes came)") from None
     return bytes(data)
 
 
@@ -49,6 +113,16 @@ def media_type(request: web.Request) -> str:
     return (request.headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
 
 
+async def read_body(request: web.Request, what: str, ctype: str | None = None) -> Any:
+    """The request's body, read (bounded) and decoded as ``ctype`` (default: its Content-Type)."""
+    raw = await read_raw(request)
+    heavy = request.app.get(HeavyBodies.KEY)
+    if len(raw) > HEAVY_BODY and isinstance(heavy, HeavyBodies):
+        await heavy.wait_turn(request)
+    return await decode_async(raw, ctype or media_type(request), what)
+
+
+# --- decoding --------------------------------------------------------------------------
 def decode_protobuf(raw: bytes, what: str) -> dict[str, Any]:
     """A Kubernetes protobuf body (kubectl's typed clients) as the JSON object it stands for."""
     try:
@@ -59,22 +133,62 @@ def decode_protobuf(raw: bytes, what: str) -> dict[str, Any]:
         raise errors.bad_request(f"{what}: the protobuf body could not be decoded: {e}") from None
 
 
+def _too_deep(what: str, depth: int) -> errors.APIError:
+    return errors.bad_request(f"{what}: the body nests {depth} levels deep, more than the limit of "
+                              f"{MAX_DEPTH} levels")
+
+
+def _decode_json(raw: bytes, what: str) -> Any:
+    measured = jsonshape.shape(raw)
+    if measured.depth > MAX_DEPTH:
+        raise _too_deep(what, measured.depth)
+    if measured.values > MAX_VALUES:
+        raise errors.too_large(f"{what}: the body holds about {measured.values} values, more than the limit "
+                               f"of {MAX_VALUES}")
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except _DuplicateKey as e:
+        raise errors.bad_request(f'{what}: strict decoding error: json: duplicate field "{e}"') from None
+    except (ValueError, UnicodeDecodeError) as e:   # JSONDecodeError, NaN, an int of 4300+ digits
+        reason = str(e).split("; use sys.")[0]   # Python's advice is not the client's
+        raise errors.bad_request(f"{what}: the body is not valid JSON: {reason}") from None
+
+
+def _decode_yaml(raw: bytes, what: str) -> Any:
+    if raw.lstrip()[:1] in (b"{", b"["):
+        # JSON text (kubectl's server-side apply sends JSON as YAML): the fast path, with
+        # the same bounds; anything JSON refuses is read as YAML after all.
+        try:
+            return _decode_json(raw, what)
+        except errors.APIError:
+            pass
+    try:
+        return yamlbody.load(raw, MAX_DECODED, MAX_DEPTH, MAX_VALUES)
+    except yamlbody.BodyError as e:
+        if e.too_large:
+            raise errors.too_large(f"{what}: {e}") from None
+        raise errors.bad_request(f"{what}: {e}") from None
+    except yaml.YAMLError as e:
+        raise errors.bad_request(f"{what}: the body is not valid YAML: {e}") from None
+
+
 def decode(raw: bytes, ctype: str, what: str) -> Any:
+    """``raw`` as the JSON value it stands for (JSON, YAML or Kubernetes protobuf); a
+    refusal is an APIError naming ``what`` and the reason."""
     if raw.startswith(protobuf.MAGIC) or "protobuf" in ctype:
         return decode_protobuf(raw, what)
     if not raw.strip():
         raise errors.bad_request(f"{what}: the request body is empty")
     if "yaml" in ctype:
-        try:
-            return yaml.safe_load(raw)
-        except yaml.YAMLError as e:
-            raise errors.bad_request(f"{what}: the body is not valid YAML: {e}") from None
-    try:
-        return json.loads(raw, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as e:
-        raise errors.bad_request(f'{what}: strict decoding error: json: duplicate field "{e}"') from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise errors.bad_request(f"{what}: the body is not valid JSON: {e}") from None
+        return _decode_yaml(raw, what)
+    return _decode_json(raw, what)
+
+
+async def decode_async(raw: bytes, ctype: str, what: str) -> Any:
+    """:func:`decode`, on a worker thread when the body is large."""
+    if len(raw) <= INLINE_DECODE:
+        return decode(raw, ctype, what)
+    return await asyncio.get_running_loop().run_in_executor(_DECODERS, decode, raw, ctype, what)
 
 
 def check_fields(res: Resource, obj: Any, validation: str, *, status_only: bool = False) -> list[str]:

@@ -18,7 +18,10 @@ asks that node's kubelet ``POST /checkpoint/<ns>/<pod>/<c>`` (the caller needs
 ``create nodes/proxy`` on the node, as through the node proxy, besides ``update
 checkpoints/data``) and streams the answer straight into the data, checked as above.
 The snapshot then crosses the control plane once (one TLS read, one hash, one copy)
-instead of proxy -> controller -> upload.  The answer carries the kubelet's
+instead of proxy -> controller -> upload.  With ``leave=frozen`` (a move) the pod's events
+are held from then on until it runs again (kube32.apiserver.heldevents): the kubelet is
+asked with ``eventsSeq``, the topic line the hold began after, and its
+``X-Kube32-Held-Events`` says how many events the snapshot holds.  The answer carries the kubelet's
 ``X-Kube32-*`` headers (``X-Kube32-Frozen-At-Ms`` among them) and the Checkpoint with
 the snapshot's facts in its status, which this request does not write: its caller does,
 with its next status write (the Checkpoint controller's Moving or Saved), so a move's
@@ -28,38 +31,56 @@ is answered as it answered, status and body, marked ``X-Kube32-From-Node: <node>
 an unreachable kubelet is 503 and a transfer that breaks is 502, both worded "the
 snapshot transfer from <node> failed: ...".
 
+How the space is shared, and when data goes, is kube32.apiserver.dataspace's: nothing
+goes for an upload before its bytes have all arrived and checked out; a move's data
+stays until the move ends; bytes must keep coming (408 "Timeout" for a PUT that sends
+too slowly, nothing stored).  A PUT refused for room is 429 with Retry-After: when the
+data cannot fit beside what may not go for it (said before a byte is read), or when
+uploads arriving hold all the room for longer than its patience (30 s).  The pulls take
+one snapshot at a time: the next waits for the current one before it asks its node.
+
 Invariants:
 
 * Data lives outside the object store, in one space of ``capacity`` bytes (16 MiB in
   the simulator, 256 KiB on the board); a restart loses it and keeps the objects.
-* Storing data that does not fit drops the oldest other data first; data larger
-  than the whole space is refused with 413 before a byte is read.
+* Data larger than the whole space is refused with 413 before a byte is read.
 * Data belongs to one Checkpoint uid: a Checkpoint deleted and created again
   under the same name has none, and deleting a Checkpoint drops its data.
-* The space is never over-committed: an upload reserves its size before it reads,
-  so two concurrent uploads cannot together exceed the capacity.
+* Data is replaced, and other data dropped for it, only once the new data is
+  checked and its facts are written: a refused or broken upload leaves everything as
+  it was.  One upload of a Checkpoint's data at a time (409 for a second); a user's
+  PUT does not replace the data of a move in flight (409).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import mmap
 import os
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Iterator
 
 import aiohttp
+import yarl
 from aiohttp import web
 
 from ..snapshot import TRAILER_SIZE, SnapshotError, SnapshotReader
 from ..snapshot.parallel import prefault
 from ..snapshot.writer import ASYNC_WRITE
-from . import authz, errors
-from .proxy import kubelet_base
-from .resources import Resource
+from . import authz, checkpointstatus, errors
+from .dataspace import (BOARD_CAPACITY, IN_FLIGHT_PHASES, SIM_CAPACITY, Buffer, CheckpointDataSpace, Held, Pace,
+                        PaceClock, Standing, Stored, standings, to_drop)
+from .eventbus import Hold
+from .heldevents import HeldEvents
+from .proxy import check_suffix, kubelet_base, kubelet_url
+from .resources import Resource, by_plural
 
 if TYPE_CHECKING:
     from .server import APIServer, Target
+
+__all__ = ["BOARD_CAPACITY", "SIM_CAPACITY", "CheckpointDataAPI", "CheckpointDataSpace", "Pace"]
+
+log = logging.getLogger("kube32.apiserver.checkpointdata")
 
 # Test-only fault (tests/e2e/test_faults.py): with KUBE32_TEST_FAULTS=corrupt-stored-data
 # in the control plane's environment, the data of a Checkpoint labelled
@@ -74,11 +95,6 @@ def _corrupts(ck: dict[str, Any]) -> bool:
             and (ck["metadata"].get("labels") or {}).get(TEST_FAULT_LABEL) == CORRUPT_STORED)
 
 
-SIM_CAPACITY = 16 * 1024 * 1024
-BOARD_CAPACITY = 256 * 1024
-
-
-Buffer = Union[bytearray, mmap.mmap]
 CHECK_STEP = 1 << 20  # bytes handed to the snapshot reader at a time
 FORWARD_STEP = 256 << 10  # bytes received between wake-ups of GETs forwarding them
 
@@ -97,6 +113,8 @@ FACT_HEADERS = (("X-Kube32-Snapshot-Sha256", "snapshotSha256"), ("X-Kube32-Image
 
 
 WAIT_MAX_SECONDS = 60
+STAGING_PATIENCE = 30.0  # seconds a PUT waits for room among the uploads arriving
+RETRY_SECONDS = 5  # Retry-After of a PUT refused for room
 
 
 def wait_seconds(query: Any) -> float:
@@ -110,13 +128,6 @@ def wait_seconds(query: Any) -> float:
         raise errors.bad_request(f'waitSeconds must be a whole number of seconds from 0 to {WAIT_MAX_SECONDS}, '
                                  f'not "{raw}"')
     return float(value)
-
-
-@dataclass(frozen=True)
-class Stored:
-    data: Buffer
-    name: str
-    facts: dict[str, Any]  # the snapshot's status facts (movability.SNAPSHOT_FACTS)
 
 
 class Arriving:
@@ -156,45 +167,12 @@ class Arriving:
             await asyncio.shield(self._progress)
 
 
-class CheckpointDataSpace:
-    """The bytes of every Checkpoint's snapshot, oldest first, within ``capacity``."""
-
-    def __init__(self, capacity: int = SIM_CAPACITY) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, Stored] = OrderedDict()  # uid -> data, oldest first
-        self._reserved = 0
-
-    @property
-    def used(self) -> int:
-        return sum(len(s.data) for s in self._items.values()) + self._reserved
-
-    def reserve(self, uid: str, size: int) -> list[str]:
-        """Make room for ``size`` bytes; returns the names whose data was dropped."""
-        if size > self.capacity:
-            raise errors.too_large(f"the snapshot is {size} bytes, more than the {self.capacity} bytes "
-                                   "the control plane has for all checkpoint data")
-        dropped = []
-        self.drop(uid)
-        while self.used + size > self.capacity and self._items:
-            _, old = self._items.popitem(last=False)
-            dropped.append(old.name)
-        if self.used + size > self.capacity:
-            raise errors.too_many_requests("checkpoint data space is busy with other uploads; retry", 1)
-        self._reserved += size
-        return dropped
-
-    def release(self, size: int) -> None:
-        self._reserved -= size
-
-    def commit(self, uid: str, name: str, data: Buffer, facts: dict[str, Any]) -> None:
-        self._reserved -= len(data)
-        self._items[uid] = Stored(data, name, facts)
-
-    def stored(self, uid: str) -> Stored | None:
-        return self._items.get(uid)
-
-    def drop(self, uid: str) -> None:
-        self._items.pop(uid, None)
+def _held_count(header: str | None) -> int:
+    """The number of events a node's snapshot holds (none said: none)."""
+    try:
+        return max(0, int(header or 0))
+    except ValueError:
+        return 0
 
 
 async def _write_range(resp: web.StreamResponse, view: memoryview, start: int, end: int) -> None:
@@ -205,12 +183,20 @@ async def _write_range(resp: web.StreamResponse, view: memoryview, start: int, e
 class CheckpointDataAPI:
     """The ``data`` subresource handlers, plugged into the API server."""
 
-    def __init__(self, server: "APIServer", space: CheckpointDataSpace) -> None:
+    def __init__(self, server: "APIServer", space: CheckpointDataSpace, pace: Pace = Pace(),
+                 patience: float = STAGING_PATIENCE) -> None:
         self.server = server
         self.space = space
+        self.pace = pace
+        self.patience = patience
         # GETs waiting for data on its way (waitSeconds), and data being received, by (namespace, name)
         self._waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
         self._arriving: dict[tuple[str, str], Arriving] = {}
+        self._uploading: set[tuple[str, str]] = set()  # one upload or pull of a Checkpoint's data at a time
+        self._pulling = asyncio.Lock()  # the control plane takes one snapshot at a time
+        self._storing = asyncio.Lock()  # what goes for data is decided and done in one step
+        self.held_events = HeldEvents(server.registry, server.events)
+        server.app.on_cleanup.append(lambda _app: self.held_events.close())
         server.sub_handlers[("checkpoints", "data", "GET")] = self.get
         server.sub_handlers[("checkpoints", "data", "PUT")] = self.put
         server.registry.before_delete["checkpoints"] = self._on_delete
@@ -314,41 +300,105 @@ class CheckpointDataAPI:
         if size is None:
             raise errors.APIError(411, "LengthRequired", "checkpoint data needs a Content-Length")
         ck = await self.server.registry.get(t.res, t.namespace, t.name)
-        return web.json_response(await self._store(t, ck, size, request.content))
+        self._check_size(size)
+        with self._one_upload(t, ck, by_user=True):
+            await self._room_for(ck, size)  # refused before a byte is read when it cannot fit
+            staging = self.space.staging
+            if not await staging.enter(size, self.patience):
+                raise errors.too_many_requests(
+                    f"checkpoint data space is busy: uploads arriving hold {staging.used} of its "
+                    f"{staging.capacity} bytes of room for data on its way; retry", RETRY_SECONDS)
+            try:
+                return web.json_response(await self._store(t, ck, size, request.content))
+            except TimeoutError as e:
+                raise errors.request_timeout(f"{e}; nothing was stored") from None
+            finally:
+                staging.leave(size)
+
+    def _check_size(self, size: int) -> None:
+        if size > self.space.capacity:
+            raise errors.too_large(f"the snapshot is {size} bytes, more than the {self.space.capacity} bytes "
+                                   "the control plane has for all checkpoint data")
+
+    @contextlib.contextmanager
+    def _one_upload(self, t: "Target", ck: dict[str, Any], by_user: bool) -> Iterator[None]:
+        """The upload or pull of ``ck``'s data, the only one at a time; a user's does not
+        replace a move's data while the move is under way (its target restores from it)."""
+        assert t.name is not None
+        key = (t.namespace or "", t.name)
+        if key in self._uploading:
+            raise errors.conflict("checkpoints", t.name, "kube32.io",
+                                  "its data is arriving in another upload; retry once that one ends")
+        phase = (ck.get("status") or {}).get("phase")
+        if by_user and phase in IN_FLIGHT_PHASES and self.space.stored(ck["metadata"]["uid"]) is not None:
+            raise errors.conflict("checkpoints", t.name, "kube32.io",
+                                  f"it is {phase}: a move's data stays until the move ends")
+        self._uploading.add(key)
+        try:
+            yield
+        finally:
+            self._uploading.discard(key)
+
+    async def _room_for(self, ck: dict[str, Any], size: int) -> list[Held]:
+        """The data that goes so ``size`` bytes of ``ck``'s fit (none when they fit as it
+        is; see kube32.apiserver.dataspace); 429 when they cannot fit beside what may
+        not go for them."""
+        uid, ns = ck["metadata"]["uid"], ck["metadata"].get("namespace", "")
+        space = self.space
+        if space.fits(uid, size):
+            return []
+        checkpoints, _ = await self.server.registry.list(by_plural("checkpoints"), None)
+        pods, _ = await self.server.registry.list(by_plural("pods"), None)
+        held = space.held(uid, standings(space.items(), checkpoints, pods))
+        going = to_drop(held, ns, size, space.capacity)
+        if going is None:
+            in_flight = sum(h.size for h in held if h.standing is Standing.MOVE_IN_FLIGHT)
+            others = sum(h.size for h in held if h.namespace != ns
+                         and h.standing in (Standing.LATEST_PERIODIC, Standing.RESTORE_PENDING))
+            raise errors.too_many_requests(
+                f"the snapshot of {size} bytes does not fit in the checkpoint data space of {space.capacity} "
+                f"bytes beside the data that may not go for it: {in_flight} bytes of moves in flight (they "
+                f"stay until their moves end) and {others} bytes of other namespaces' latest periodic "
+                "checkpoints and pending restores (they go only beyond their namespace's fair share of the "
+                "space); retry later", RETRY_SECONDS)
+        return going
 
     async def _store(self, t: "Target", ck: dict[str, Any], size: int, stream: Any,
                      write_facts: bool = True) -> dict[str, Any]:
         """Receive ``size`` bytes of ``stream`` as ``ck``'s data; returns the Checkpoint with
-        the snapshot's facts in its status (written to the store only with ``write_facts``)."""
+        the snapshot's facts in its status (written to the store only with ``write_facts``).
+        Nothing else changes unless the whole snapshot arrived and checked out."""
         assert t.name is not None
-        uid = ck["metadata"]["uid"]
-        self.space.reserve(uid, size)
-        try:
-            data = await self._receive(stream, size, (t.namespace or "", t.name), uid)
-        except BaseException:
-            self.space.release(size)
-            raise
-        snap = data[1]
+        uid, ns = ck["metadata"]["uid"], t.namespace or ""
+        key = (ns, t.name)
+        data, snap, arriving = await self._receive(stream, size, key, uid)
         facts = {"sizeBytes": size, "snapshotSha256": snap.sha256.hex(),
                  "imageSha256": snap.header.image_sha256.hex(), "podTimeMs": snap.header.pod_time_ms}
 
         def set_facts(obj: dict[str, Any]) -> dict[str, Any]:
             if obj["metadata"]["uid"] != uid:
                 raise errors.conflict("checkpoints", t.name, "kube32.io", "the Checkpoint was replaced during the upload")
-            obj.setdefault("status", {}).update(facts)
+            checkpointstatus.stored(obj.setdefault("status", {}), facts)
             return obj
-        key, arriving = (t.namespace or "", t.name), data[2]
         try:
-            out = await self.server.registry.mutate(t.res, t.namespace, t.name, set_facts, subresource="status") \
-                if write_facts else set_facts(await self.server.registry.get(t.res, t.namespace, t.name))
+            async with self._storing:
+                going = await self._room_for(ck, size)
+                out = await self.server.registry.mutate(t.res, t.namespace, t.name, set_facts,
+                                                        subresource="status") \
+                    if write_facts else set_facts(await self.server.registry.get(t.res, t.namespace, t.name))
+                if _corrupts(ck):
+                    data[len(data) // 2] ^= 0xFF
+                self.space.store(uid, Stored(data, ns, t.name, facts), going)
         except BaseException:
-            self.space.release(size)
             self._arrived(key, arriving, stored=False)
             raise
-        if _corrupts(ck):
-            data[0][len(data[0]) // 2] ^= 0xFF
-        self.space.commit(uid, t.name, data[0], facts)
         self._arrived(key, arriving, stored=True)
+        for h in going:
+            log.info("checkpoint data of %s/%s (%d bytes) dropped for %s/%s's", h.namespace,
+                     h.name, h.size, ns, t.name)
+        # The Checkpoints whose data made room say so (checkpointstatus: their facts go).
+        await checkpointstatus.dropped(self.server.registry, [(h.namespace, h.name, h.uid) for h in going],
+                                       lambda u: self.space.stored(u) is not None)
         return out
 
     async def _pull(self, request: web.Request, t: "Target") -> web.StreamResponse:
@@ -359,15 +409,28 @@ class CheckpointDataAPI:
         if not pod or not container or any("/" in v for v in (node, pod, container)):
             raise errors.bad_request("fromNode needs pod and container (names, without '/')")
         path = f"checkpoint/{t.namespace}/{pod}/{container}"
+        check_suffix(path)   # no dot segments for names: the node's URL names this pod alone
         attrs = authz.request_attributes(request["user"], "POST", f"/api/v1/nodes/{node}/proxy/{path}", {})
         allowed, reason = await self.server.authorizer.authorize(attrs)
         if not allowed:
             raise authz.forbidden(attrs, reason)
-        ck = await self.server.registry.get(t.res, t.namespace, t.name)
         # sha256=trailer: the kubelet need not hash the whole snapshot before its first byte
         # for an X-Kube32-Snapshot-Sha256 header; the reader below checks the trailer anyway.
         params = {**{k: q[k] for k in ("leave", "timeoutMs") if k in q}, "sha256": "trailer"}
-        url = f"{kubelet_base(await self.server._node(node))}/{path}"
+        async with self._pulling:  # taken before the node freezes its pod: the next pull waits
+            ck = await self.server.registry.get(t.res, t.namespace, t.name)
+            with self._one_upload(t, ck, by_user=False):
+                url = kubelet_url(kubelet_base(await self.server._node(node)), path.split("/"))
+                hold = None
+                if q.get("leave") == "frozen":
+                    # A move: the pod's events are held here from now until it runs again, and
+                    # the node takes the snapshot once it has read every event published before.
+                    hold, seq = await self.held_events.begin(t.namespace, pod, ck)
+                    params["eventsSeq"] = str(seq)
+                return await self._pull_from(t, ck, node, url, params, hold)
+
+    async def _pull_from(self, t: "Target", ck: dict[str, Any], node: str, url: yarl.URL,
+                         params: dict[str, str], hold: Hold | None) -> web.StreamResponse:
         kubelets = self.server.kubelets
         failed = f"the snapshot transfer from {node} failed"
         try:
@@ -383,11 +446,16 @@ class CheckpointDataAPI:
                 return web.Response(status=upstream.status, body=body, headers={
                     **passed, "Content-Type": upstream.headers.get("Content-Type", "application/json"),
                     "X-Kube32-From-Node": node})
-            if upstream.content_length is None:
+            if hold is not None:
+                hold.in_snapshot(_held_count(upstream.headers.get("X-Kube32-Held-Events")))
+            size = upstream.content_length
+            if size is None:
                 raise errors.APIError(502, "BadGateway", f"{failed}: the node sent a snapshot without a "
                                                          "Content-Length")
+            self._check_size(size)
+            await self._room_for(ck, size)
             try:
-                out = await self._store(t, ck, upstream.content_length, upstream.content, write_facts=False)
+                out = await self._store(t, ck, size, upstream.content, write_facts=False)
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 raise errors.APIError(502, "BadGateway", f"{failed}: {e or type(e).__name__}") from None
         passed["X-Kube32-Snapshot-Sha256"] = out["status"]["snapshotSha256"]  # checked, from the trailer
@@ -395,6 +463,8 @@ class CheckpointDataAPI:
 
     async def _receive(self, stream: Any, size: int, key: tuple[str, str],
                        uid: str) -> tuple[Buffer, Any, Arriving]:
+        """The snapshot's bytes, checked as they come, into a buffer of their own (which
+        becomes the stored data); TimeoutError when they come slower than ``self.pace``."""
         buf = _fresh_buffer(size)
         view = memoryview(buf)
         prefaulting = prefault(view)
@@ -402,11 +472,10 @@ class CheckpointDataAPI:
         # GETs waiting for this data forward it as it arrives (see _forward).
         arriving = self._arriving[key] = Arriving(uid, view)
         self._settled(*key)
+        clock = self.pace.clock()
         pos = checked = told = 0
         try:
-            # readchunk: each piece as it arrived (iter_any and read(n) join the pieces
-            # they find buffered into a new bytes object first).
-            while chunk := (await stream.readchunk())[0]:
+            while chunk := await self._next_chunk(stream, clock, pos, size):
                 n = len(chunk)
                 if pos + n > size:
                     raise errors.bad_request("the body is longer than its Content-Length")
@@ -433,6 +502,19 @@ class CheckpointDataAPI:
             if prefaulting is not None:
                 prefaulting.set()
         return buf, snap, arriving
+
+    @staticmethod
+    async def _next_chunk(stream: Any, clock: PaceClock, received: int, size: int) -> bytes:
+        """The next piece as it arrived (readchunk: iter_any and read(n) join the pieces they
+        find buffered into a new bytes object first), b"" at the end; in time or TimeoutError."""
+        allowance = clock.allowance(received)
+        if allowance <= 0:
+            raise clock.too_slow(received, size)
+        try:
+            async with asyncio.timeout(allowance):
+                return (await stream.readchunk())[0]
+        except TimeoutError:
+            raise clock.too_slow(received, size) from None
 
     def _arrived(self, key: tuple[str, str], arriving: Arriving, stored: bool) -> None:
         """The data being received is stored, or will not be: forwarders finish or cut."""

@@ -116,6 +116,11 @@ def too_large(message: str) -> APIError:
     return APIError(413, "RequestEntityTooLarge", message)
 
 
+def request_timeout(message: str) -> APIError:
+    """408: the client was too slow sending its request."""
+    return APIError(408, "Timeout", message)
+
+
 def too_many_requests(message: str, retry_after: int | None = None) -> APIError:
     err = APIError(429, "TooManyRequests", message)
     if retry_after is not None:

@@ -4,14 +4,28 @@ Topics are namespace-scoped.  ``POST /apis/kube32.io/v1/namespaces/<ns>/topics/<
 (body = the payload, at most :data:`MAX_PAYLOAD` bytes; optional ``?source=`` names
 the publisher) fans the event out to every subscriber;
 ``GET /apis/kube32.io/v1/topicevents?watch=true`` is a subscription: a stream of
-newline-delimited JSON ``{"namespace", "topic", "payload" (base64), "source"}``.
+newline-delimited JSON ``{"seq", "namespace", "topic", "payload" (base64), "source"}``,
+after a first line ``{"type": "SUBSCRIBED", "seq"}``.
+
+Lines of the stream (each numbered by ``seq``, one counter for the bus):
+
+* an event: ``{"seq", "namespace", "topic", "payload", "source"}``, plus ``"held":
+  [pod names]`` when the bus holds it for pods of that namespace under a move: no
+  node delivers it to a pod of those names now (see :class:`Hold`);
+* a held event released: the same with ``"to": <pod uid>`` instead: only that pod
+  gets it;
+* ``{"seq", "type": "DROPPED", "namespace", "to", "count"}``: that many events held for
+  the pod were dropped (its node records the pod's EventsDropped event).
 
 Invariants:
 
 * No history: an event reaches the subscribers connected when it is published,
-  and nobody else (pods hold at most a few events themselves while frozen).
+  and nobody else.  Pods hold at most a few events themselves while frozen, and a pod
+  under a move has them held here (:class:`Hold`) until it runs again.
 * A slow subscriber never slows a publisher: each has a bounded queue, and events
   that do not fit are dropped for that subscriber and counted.
+* ``seq`` grows by one per line, and every subscriber sees lines in ``seq`` order, so
+  a node that has read line ``n`` has seen every event published before it.
 """
 from __future__ import annotations
 
@@ -19,7 +33,8 @@ import asyncio
 import base64
 import json
 import re
-from typing import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
@@ -30,25 +45,111 @@ QUEUE_LIMIT = 1024
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$")
 
 
+@dataclass
+class Hold:
+    """The events for one pod under a move (spec: "Events for the pod are held, at most
+    8, and later ones are dropped and counted"), from before its snapshot until it runs
+    again: the replacement on the target, the pod back on its source, or the source
+    thawed.  Keyed by the pod's name, so every incarnation of it is covered; nothing is
+    delivered to a pod of that name meanwhile.
+
+    ``room`` is what the snapshot leaves of the limit: the events the pod already held
+    are in the snapshot, delivered by the restore (or the thaw) before these."""
+
+    namespace: str
+    pod: str
+    pod_uid: str                 # the pod when the hold began: its own publishes are not for it
+    topics: frozenset[str]
+    limit: int
+    checkpoint: str = ""         # the Checkpoint whose move this is
+    checkpoint_uid: str = ""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    room: int = -1               # -1 until the snapshot's count is known: ``limit`` then
+    dropped: int = 0
+
+    def wants(self, namespace: str, topic: str, source: str) -> bool:
+        return namespace == self.namespace and topic in self.topics and source != f"pod/{self.pod_uid}"
+
+    def add(self, event: dict[str, Any]) -> None:
+        if len(self.events) >= self._room():
+            self.dropped += 1
+        else:
+            self.events.append(event)
+
+    def in_snapshot(self, count: int) -> None:
+        """The snapshot holds ``count`` events: these get what is left of the limit, the
+        latest ones over it dropped."""
+        self.room = max(0, self.limit - count)
+        while len(self.events) > self.room:
+            self.events.pop()
+            self.dropped += 1
+
+    def _room(self) -> int:
+        return self.limit if self.room < 0 else self.room
+
+
 class EventBus:
     def __init__(self) -> None:
         self._subscribers: set[asyncio.Queue[bytes]] = set()
+        self._holds: dict[tuple[str, str], Hold] = {}
         self.dropped = 0
         self.published = 0
+        self.seq = 0  # the number of the latest line
 
     def publish(self, namespace: str, topic: str, payload: bytes, source: str = "") -> int:
-        line = json.dumps({"namespace": namespace, "topic": topic, "source": source,
-                           "payload": base64.b64encode(payload).decode()}).encode() + b"\n"
         self.published += 1
+        event = {"namespace": namespace, "topic": topic, "source": source,
+                 "payload": base64.b64encode(payload).decode()}
+        held = [h for h in self._holds.values() if h.wants(namespace, topic, source)]
+        for h in held:
+            h.add(event)
+        return self._send({**event, "held": sorted(h.pod for h in held)} if held else event)
+
+    def _send(self, line: dict[str, Any]) -> int:
+        self.seq += 1
+        data = json.dumps({"seq": self.seq, **line}).encode() + b"\n"
         reached = 0
         for q in list(self._subscribers):
             try:
-                q.put_nowait(line)
+                q.put_nowait(data)
                 reached += 1
             except asyncio.QueueFull:
                 self.dropped += 1
         return reached
 
+    # --- holds for pods under a move ----------------------------------------------
+    def hold(self, namespace: str, pod: str, pod_uid: str, topics: frozenset[str], limit: int,
+             checkpoint: str = "", checkpoint_uid: str = "") -> Hold:
+        """Hold the pod's events from the next line on.  A hold of it already there (a move
+        tried again before the last one's hold ended) is released to ``pod_uid`` first:
+        its lines come before the new hold, so they reach the pod before its snapshot."""
+        key = (namespace, pod)
+        if key in self._holds:
+            self.release(self._holds[key], pod_uid)
+        hold = self._holds[key] = Hold(namespace, pod, pod_uid, topics, limit, checkpoint, checkpoint_uid)
+        return hold
+
+    def holding(self, hold: Hold) -> bool:
+        return self._holds.get((hold.namespace, hold.pod)) is hold
+
+    def release(self, hold: Hold, uid: str) -> None:
+        """The held events go to the pod ``uid``, in order, and then the count of those
+        dropped; later events reach it as any.  Nothing is published in between: this
+        runs in one turn of the event loop."""
+        if not self.holding(hold):
+            return
+        del self._holds[(hold.namespace, hold.pod)]
+        for event in hold.events:
+            self._send({**event, "to": uid})
+        if hold.dropped:
+            self._send({"type": "DROPPED", "namespace": hold.namespace, "to": uid, "count": hold.dropped})
+
+    def discard(self, hold: Hold) -> None:
+        """The pod is gone: its held events go with it."""
+        if self.holding(hold):
+            del self._holds[(hold.namespace, hold.pod)]
+
+    # --- subscriptions --------------------------------------------------------------
     def subscribe(self) -> asyncio.Queue[bytes]:
         q: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_LIMIT)
         self._subscribers.add(q)
@@ -85,13 +186,15 @@ def add_routes(router: web.UrlDispatcher, bus: EventBus,
 
     async def subscribe(request: web.Request) -> web.StreamResponse:
         q = bus.subscribe()
+        # The first line tells the subscriber it is connected (nothing published before
+        # it can reach it, so clients wait for this before relying on it) and the number
+        # of the latest line: the next one it reads is numbered after it.
+        first = json.dumps({"type": "SUBSCRIBED", "seq": bus.seq}).encode() + b"\n"
         resp = web.StreamResponse(headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
         resp.enable_chunked_encoding()
         try:
             await resp.prepare(request)
-            # A first line tells the subscriber it is connected (nothing published
-            # before it can reach it, so clients wait for this before relying on it).
-            await resp.write(b'{"type":"SUBSCRIBED"}\n')
+            await resp.write(first)
             while True:
                 await resp.write(await q.get())
         except (ConnectionResetError, RuntimeError):

@@ -23,6 +23,11 @@ After Kubernetes' eviction REST (``pkg/registry/core/pod/storage/eviction.go``):
   other pod is deleted as a DELETE with the Eviction's deleteOptions would
   (graceful for bound pods), and its owner starts a new one.  A second eviction of
   a pod whose move is under way starts no second move.
+* A pod that is the replacement of a move under way (restoring on its target) is
+  not deleted, which would lose its state: the eviction waits up to ``REPLACED_WAIT``
+  seconds for the move to end and then decides on the pod as it is (moved on if it
+  runs there; gone back to its source if it rolled back), or answers 429 to be asked
+  again (``kubectl drain`` retries every 5 s).
 * The answer to an eviction that moves a pod waits, outside the lock and for at most
   ``REPLACED_WAIT`` seconds, until the pod is replaced (a new uid, or gone) or its
   move ended otherwise.  ``kubectl drain`` looks at the pod right after the answer
@@ -153,13 +158,50 @@ class EvictionHandler:
             raise errors.bad_request("deleteOptions must be an object")
         # kubectl drain --dry-run=server says it in deleteOptions, not in the query
         dry_run = dryrun.requested(request, options)
-        async with self._lock:
-            pod = await self.registry.get(t.res, t.namespace, t.name)
-            await self.check_budgets(pod)
-            move = await self.carry_out(pod, options, dry_run)
+        first_uid = None
+        for last_try in (False, True):
+            async with self._lock:
+                pod = await self.registry.get(t.res, t.namespace, t.name)
+                if first_uid is not None and pod["metadata"].get("uid") != first_uid:
+                    return _success()  # the move rolled back: the pod asked to leave is gone from here
+                first_uid = pod["metadata"].get("uid")
+                restoring = await self._move_restoring(pod)
+                if restoring is None:
+                    await self.check_budgets(pod)
+                    move = await self.carry_out(pod, options, dry_run)
+                    break
+            if last_try:
+                raise errors.too_many_requests(
+                    f'pod "{meta.name_of(pod)}" is being restored here by move {meta.name_of(restoring)}: it can '
+                    "be evicted once the move ends (it runs here, or goes back to its source)")
+            await self._until_move_ends(restoring)
         if move is not None and not dry_run:
             await self._until_replaced(pod, move)
         return _success()
+
+    async def _move_restoring(self, pod: Obj) -> Obj | None:
+        """The move under way whose replacement ``pod`` is, if it is one: deleting it would
+        lose the pod's state (the Checkpoint controller completes the move or rolls it back)."""
+        name = movability.restore_from(pod)
+        if name is None:
+            return None
+        try:
+            ck = await self.registry.get(by_plural("checkpoints"), meta.namespace_of(pod), name)
+        except errors.APIError as e:
+            if e.code == 404:
+                return None
+            raise
+        return ck if movability.replacement_of_move(ck, pod) else None
+
+    async def _until_move_ends(self, move: Obj) -> None:
+        """Until ``move`` is no longer under way, at most REPLACED_WAIT seconds (a restore
+        takes milliseconds; a target that never finishes it rolls back within the
+        rollback timeout)."""
+        try:
+            await asyncio.wait_for(self._watch_until("checkpoints", move, lambda _, c: (c.get("status") or {}).get(
+                "phase") not in ("Saving", "Moving")), REPLACED_WAIT)
+        except (asyncio.TimeoutError, errors.APIError):
+            pass  # looked at again by the caller
 
     async def check_budgets(self, pod: Obj) -> None:
         """Raise 429 when a budget forbids evicting ``pod`` now."""
@@ -239,21 +281,22 @@ class EvictionHandler:
               "spec": {"podName": name, "action": "Move"}}
         return await self.registry.create(checkpoints, ns, ck, dry_run=dry_run)
 
+    async def _watch_until(self, plural: str, obj: Obj, done: Callable[[str, Obj], bool]) -> None:
+        """Until ``obj`` is deleted or ``done`` says so of a later version: the watch replays
+        from the revision read, so nothing that happened since is missed."""
+        fields = parse_field_selector(f"metadata.name={meta.name_of(obj)}")
+        async for kind, seen in self.registry.watch(by_plural(plural), meta.namespace_of(obj), None, fields,
+                                                    obj["metadata"]["resourceVersion"]):
+            if kind == "DELETED" or done(kind, seen):
+                return
+
     async def _until_replaced(self, pod: Obj, move: Obj) -> None:
         """Until ``pod`` has a replacement (or is gone) or ``move`` ended, at most
         REPLACED_WAIT seconds: the watches replay from the revisions read, so nothing
         that happened since is missed."""
-        ns, uid = meta.namespace_of(pod), pod["metadata"]["uid"]
-
-        async def until(plural: str, obj: Obj, done: Callable[[str, Obj], bool]) -> None:
-            fields = parse_field_selector(f"metadata.name={meta.name_of(obj)}")
-            async for kind, seen in self.registry.watch(by_plural(plural), ns, None, fields,
-                                                        obj["metadata"]["resourceVersion"]):
-                if kind == "DELETED" or done(kind, seen):
-                    return
-
-        waits = [asyncio.ensure_future(until("pods", pod, lambda _, p: p["metadata"].get("uid") != uid)),
-                 asyncio.ensure_future(until("checkpoints", move, lambda _, c: (c.get("status") or {}).get(
+        uid = pod["metadata"]["uid"]
+        waits = [asyncio.ensure_future(self._watch_until("pods", pod, lambda _, p: p["metadata"].get("uid") != uid)),
+                 asyncio.ensure_future(self._watch_until("checkpoints", move, lambda _, c: (c.get("status") or {}).get(
                      "phase") in ("Completed", "Failed")))]
         try:
             await asyncio.wait(waits, timeout=REPLACED_WAIT, return_when=asyncio.FIRST_COMPLETED)

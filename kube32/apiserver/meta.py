@@ -82,6 +82,16 @@ def age(obj: dict[str, Any], field: str | None = None) -> str:
     return human_duration((now() - t).total_seconds())
 
 
+def nested(obj: Any, *path: str) -> Any:
+    """``obj[path[0]][path[1]]...`` of a client's body, None where a step is missing or
+    not an object (a body's field of the wrong shape is the client's error, never a 500)."""
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
 def name_of(obj: dict[str, Any]) -> str:
     return (obj.get("metadata") or {}).get("name") or ""
 

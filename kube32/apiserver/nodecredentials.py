@@ -85,7 +85,8 @@ def add_routes(router: web.UrlDispatcher, server: "APIServer") -> None:
             raise errors.invalid("NodeCredentials", node, [("metadata.name", "Invalid value: not a valid node name")],
                                  "kube32.io")
         raw = await bodies.read_raw(request, MAX_BODY)
-        body = bodies.decode(raw, bodies.media_type(request), "cannot create nodecredentials") if raw.strip() else {}
+        body = (await bodies.decode_async(raw, bodies.media_type(request), "cannot create nodecredentials")
+                if raw.strip() else {})
         if not isinstance(body, dict):
             raise errors.bad_request("cannot create nodecredentials: the body must be an object")
         csr = body.get("csr")

@@ -2,10 +2,12 @@
 patch and a practical server-side apply.
 
 Everything here is a pure function over plain JSON values (dict/list/str/int/float/
-bool/None).  No I/O and no other kube32 import, so the API server's handlers decide
-the HTTP status: every refusal is a ``PatchError`` whose message names the problem
-(the API answers 422 or 400 with it); ``ApplyConflict`` is the 409 case and carries
-one ``(field path, other manager)`` pair per conflicting field for Status causes.
+bool/None).  No I/O and no kube32 import but the bounds of :mod:`.limits`, so the API
+server's handlers decide the HTTP status: every refusal is a ``PatchError`` whose
+message names the problem (the API answers 422 or 400 with it); ``PatchLimit`` is a
+bound a JSON patch went past (413 when it is about size, else 400); ``ApplyConflict``
+is the 409 case and carries one ``(field path, other manager)`` pair per conflicting
+field for Status causes.
 
 Invariants
 ----------
@@ -23,7 +25,11 @@ JSON patch (RFC 6902)
     pointers (``~0`` = ``~``, ``~1`` = ``/``, ``-`` appends).  The operations are
     applied to a copy one by one; the first failing one raises ``PatchError`` and
     nothing is returned (all or nothing).  ``test`` compares JSON values (``1 ==
-    1.0`` but ``true != 1``).  The result must still be a JSON object.
+    1.0`` but ``true != 1``).  The result must still be a JSON object.  Bounded as
+    kube-apiserver bounds it: at most ``MAX_JSON_PATCH_OPERATIONS`` operations, and
+    ``copy`` operations that add at most ``JSON_PATCH_MAX_COPY_BYTES`` together (a
+    copy of a copy of ... doubles the object each time); and the result may nest no
+    deeper than ``MAX_DEPTH`` (or the target, if it already did).
 
 Strategic merge patch (Kubernetes SMP for built-in kinds)
     Field strategies come from a small schema table per kind (``_KIND_SCHEMAS``) that
@@ -105,8 +111,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
+from .limits import JSON_PATCH_MAX_COPY_BYTES, MAX_DEPTH, MAX_JSON_PATCH_OPERATIONS
+
 __all__ = [
     "PatchError",
+    "PatchLimit",
+    "nesting",
     "ApplyConflict",
     "json_merge_patch",
     "json_patch",
@@ -119,6 +129,14 @@ __all__ = [
 
 class PatchError(Exception):
     """A patch that cannot be applied; ``str(err)`` names the problem."""
+
+
+class PatchLimit(PatchError):
+    """A JSON patch past a bound; ``too_large`` when the bound is about size."""
+
+    def __init__(self, message: str, too_large: bool) -> None:
+        super().__init__(message)
+        self.too_large = too_large
 
 
 class ApplyConflict(PatchError):
@@ -135,6 +153,21 @@ class ApplyConflict(PatchError):
 
 def _deep_copy(value: Any) -> Any:
     return copy.deepcopy(value)
+
+
+def nesting(value: Any) -> int:
+    """How many levels of objects and arrays ``value`` holds (a scalar: 0), found
+    without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def _json_equal(a: Any, b: Any) -> bool:
@@ -245,7 +278,20 @@ def _op_field(op: dict, name: str, index: int) -> Any:
     return op[name]
 
 
-def _apply_op(doc: Any, op: Any, index: int) -> Any:
+class _CopyBudget:
+    """What a JSON patch's copy operations have added so far."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+
+    def charge(self, value: Any, index: int) -> None:
+        self.used += len(json.dumps(value, separators=(",", ":")))
+        if self.used > self.limit:
+            raise PatchLimit(f"operation {index}: the copy operations of the patch add {self.used} bytes, "
+                             f"more than the limit of {self.limit} bytes", too_large=True)
+
+
+def _apply_op(doc: Any, op: Any, index: int, copies: _CopyBudget) -> Any:
     if not isinstance(op, dict):
         raise PatchError(f"operation {index} is not a JSON object")
     kind = op.get("op")
@@ -273,7 +319,9 @@ def _apply_op(doc: Any, op: Any, index: int) -> Any:
                 raise PatchError(f"operation {index}: cannot move {source!r} into its own child {path!r}")
             doc, value = _jp_remove(doc, from_tokens, source)
         else:
-            value = _deep_copy(_resolve(doc, from_tokens, source))
+            value = _resolve(doc, from_tokens, source)
+            copies.charge(value, index)
+            value = _deep_copy(value)
         return _jp_add(doc, tokens, value, path)
     if kind == "test":
         expected = _op_field(op, "value", index)
@@ -286,15 +334,27 @@ def _apply_op(doc: Any, op: Any, index: int) -> Any:
                      "(expected add, remove, replace, move, copy or test)")
 
 
-def json_patch(target: dict, ops: list) -> dict:
-    """RFC 6902: apply ``ops`` to a copy of ``target``; all or nothing."""
+def json_patch(target: dict, ops: list, *, max_operations: int = MAX_JSON_PATCH_OPERATIONS,
+               max_copy_bytes: int = JSON_PATCH_MAX_COPY_BYTES, max_depth: int = MAX_DEPTH) -> dict:
+    """RFC 6902: apply ``ops`` to a copy of ``target``; all or nothing, within the bounds."""
     if not isinstance(ops, list):
         raise PatchError("a JSON patch must be a JSON array of operations")
+    if len(ops) > max_operations:
+        raise PatchLimit(f"the allowed number of operations in a JSON patch is {max_operations}, "
+                         f"got {len(ops)}", too_large=True)
     doc = _deep_copy(target)
-    for index, op in enumerate(ops):
-        doc = _apply_op(doc, op, index)
+    copies = _CopyBudget(max_copy_bytes)
+    try:
+        for index, op in enumerate(ops):
+            doc = _apply_op(doc, op, index, copies)
+    except RecursionError:
+        raise PatchLimit(f"the patch nests the object deeper than {max_depth} levels", too_large=False) from None
     if not isinstance(doc, dict):
         raise PatchError("the patched document is not a JSON object")
+    depth = nesting(doc)
+    if depth > max_depth and depth > nesting(target):
+        raise PatchLimit(f"the patched object would nest {depth} levels deep, more than the limit of "
+                         f"{max_depth} levels", too_large=False)
     return doc
 
 

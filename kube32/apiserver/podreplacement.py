@@ -27,8 +27,7 @@ def install(server: "APIServer") -> None:
         if not uid:
             raise errors.bad_request("a pod replacement needs the uid of the pod it replaces (?uid=)")
         dry_run = dryrun.requested(request)
-        body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request),
-                             "cannot create pod replacements")
+        body = await bodies.read_body(request, "cannot create pod replacements")
         bodies.check_fields(t.res, body, request.query.get("fieldValidation", "Strict"))
         out = await server.registry.replace(t.res, t.namespace, t.name, body, expected_uid=uid,
                                             dry_run=dry_run)

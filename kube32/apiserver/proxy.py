@@ -7,6 +7,13 @@ the kubelet with its own token.  A pod's HTTP goes to the kubelet of its node at
 ``/pods/<ns>/<pod>/http/<path>``; a Service picks one Ready pod that matches
 its selector, round robin.  HTTPS kubelets are verified with the cluster CA and
 get the API server's client certificate instead of a token (``cert_auth``).
+
+Confinement (see :mod:`kube32.urlpath`): a kubelet URL is only ever made by
+:func:`kubelet_url`, from segments each checked and percent-encoded, and sent as
+is; so a caller's suffix addresses only what is under the object it was
+authorised for (a dot segment in any encoding is a 400, never resolved).  The
+object is named ``[scheme:]name[:port]`` (:func:`proxied_name`, Kubernetes'
+SplitSchemeNamePort); the port is accepted and ignored (a pod has one handler).
 """
 from __future__ import annotations
 
@@ -14,8 +21,10 @@ import itertools
 from typing import Any
 
 import aiohttp
+import yarl
 from aiohttp import web
 
+from .. import urlpath
 from . import errors
 from .strategy import condition, get_path
 
@@ -33,6 +42,47 @@ def kubelet_base(node: dict[str, Any]) -> str:
     scheme = get_path(node, "metadata", "annotations", "kube32.io/kubelet-scheme", default="http")
     host = f"[{ip}]" if ":" in ip else ip
     return f"{scheme}://{host}:{port}"
+
+
+PROXY_SCHEMES = ("", "http", "https")
+
+
+def split_proxied_name(name: str) -> str | None:
+    """The object's name in a proxy request's ``[scheme:]name[:port]``; None for more
+    parts, another scheme or no name."""
+    parts = name.split(":")
+    scheme, plain = (parts[0], parts[1]) if len(parts) == 3 else ("", parts[0])
+    if len(parts) > 3 or scheme not in PROXY_SCHEMES or not plain:
+        return None
+    return plain
+
+
+def proxied_name(kind: str, name: str) -> str:
+    """:func:`split_proxied_name`, or a 400 in Kubernetes' words."""
+    plain = split_proxied_name(name)
+    if plain is None:
+        raise errors.bad_request(f'invalid {kind.lower()} request "{name}"')
+    return plain
+
+
+def kubelet_url(base: str, route: list[str], suffix: str | None = None, query: str = "") -> yarl.URL:
+    """``base`` + ``route`` (the kubelet path naming one object) + the caller's
+    ``suffix`` under it, every segment checked and percent-encoded (a 400 names a
+    refused one), ``query`` as received."""
+    path = _confined(route + ([] if suffix is None else suffix.split("/")))
+    return urlpath.encoded_url(base, "/" + path, query)
+
+
+def check_suffix(suffix: str) -> None:
+    """A 400 for a proxy suffix that could leave its object (before any lookup)."""
+    _confined(suffix.split("/"))
+
+
+def _confined(segments: list[str]) -> str:
+    try:
+        return urlpath.confined(segments)
+    except urlpath.PathRefused as e:
+        raise errors.bad_request(str(e)) from None
 
 
 class KubeletProxy:
@@ -57,16 +107,16 @@ class KubeletProxy:
         if self._session is not None:
             await self._session.close()
 
-    def auth_headers(self, url: str) -> dict[str, str]:
+    def auth_headers(self, url: yarl.URL) -> dict[str, str]:
         """The token, unless the client certificate speaks for the control plane."""
-        if self.token and not (self.cert_auth and url.startswith("https:")):
+        if self.token and not (self.cert_auth and url.scheme == "https"):
             return {"Authorization": f"Bearer {self.token}"}
         return {}
 
     def pick(self, n: int) -> int:
         return next(self._rr) % n
 
-    async def forward(self, request: web.Request, url: str, *, method: str | None = None,
+    async def forward(self, request: web.Request, url: yarl.URL, *, method: str | None = None,
                       extra_headers: dict[str, str] | None = None,
                       statuses: bool = False) -> web.StreamResponse:
         """Stream the kubelet's answer back.  ``statuses``: a kubelet's plain-text refusal

@@ -16,6 +16,13 @@ Invariants:
   changes only through the status subresource.
 * An object with finalizers is only marked (``deletionTimestamp``) by a delete,
   and goes when the last finalizer is removed.
+* No create, update or patch stores more than ``limits.MAX_OBJECT`` bytes of JSON or
+  ``limits.MAX_VALUES`` values (413): an object can always be read and sent back
+  whole, and cannot grow without bound patch after patch.  (A delete's mark is never
+  refused.)
+* ``kind`` and ``apiVersion`` of a body may be left out (the URL's are used, as
+  Kubernetes defaults them on create and update); given, they must be the URL's
+  strings.  An apply patch must give both, as kube-apiserver's field manager demands.
 """
 from __future__ import annotations
 
@@ -28,7 +35,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 from ..store import Compacted, Conflict, KeyExists, KeyNotFound, KeyValue, Store
 from . import errors, meta
-from .patch import ApplyConflict, PatchError, json_merge_patch, json_patch, server_side_apply, strategic_merge_patch
+from . import jsonshape
+from .limits import MAX_OBJECT, MAX_VALUES
+from .patch import (ApplyConflict, PatchError, PatchLimit, json_merge_patch, json_patch, server_side_apply,
+                    strategic_merge_patch)
 from .resources import Resource, by_plural
 from .selectors import FieldSelector, LabelSelector
 
@@ -57,6 +67,26 @@ def encode(obj: Obj) -> bytes:
     finally:
         if rv is not None:
             md["resourceVersion"] = rv
+
+
+def encode_bounded(res: Resource, obj: Obj) -> bytes:
+    """:func:`encode` for a create or an update: 413 past ``MAX_OBJECT`` bytes."""
+    data = encode(obj)
+    if len(data) > MAX_OBJECT:
+        raise errors.too_large(f'{res.kind} "{meta.name_of(obj)}" would be {len(data)} bytes stored, more '
+                               f"than the limit of {MAX_OBJECT} bytes for an object")
+    values = jsonshape.shape(data).values
+    if values > MAX_VALUES:
+        raise errors.too_large(f'{res.kind} "{meta.name_of(obj)}" would hold about {values} values, more '
+                               f"than the limit of {MAX_VALUES} for an object")
+    return data
+
+
+def patch_refusal(e: PatchError) -> errors.APIError:
+    """The Status for a patch that cannot be applied (a conflict excepted)."""
+    if isinstance(e, PatchLimit):
+        return (errors.too_large if e.too_large else errors.bad_request)(f"the patch could not be applied: {e}")
+    return errors.APIError(422, "Invalid", f"the patch could not be applied: {e}")
 
 
 
@@ -156,7 +186,7 @@ class Registry:
             return obj
         for attempt in range(8):
             try:
-                kv = await self.store.create(res.key(ns, md["name"]), encode(obj))
+                kv = await self.store.create(res.key(ns, md["name"]), encode_bounded(res, obj))
                 return decode(kv)
             except KeyExists:
                 if not generated or attempt == 7:
@@ -173,6 +203,10 @@ class Registry:
         if not isinstance(obj, dict):
             raise errors.bad_request(f"the body of the request must be a {res.kind} object")
         kind, api_version = obj.get("kind"), obj.get("apiVersion")
+        for name, value in (("kind", kind), ("apiVersion", api_version)):
+            if value is not None and not isinstance(value, str):
+                raise errors.bad_request(f'{res.kind} in version "{res.version}" cannot be handled as a '
+                                         f'{res.kind}: {name} must be a string, not {json.dumps(value)[:64]}')
         if kind and kind != res.kind:
             raise errors.bad_request(f'{res.kind} in version "{res.version}" cannot be handled as a '
                                      f'{res.kind}: the object provided is of kind "{kind}", not {res.kind}')
@@ -180,6 +214,16 @@ class Registry:
             raise errors.bad_request(f'the API version in the data ({api_version}) does not match the '
                                      f'expected API version ({res.api_version})')
         obj["kind"], obj["apiVersion"] = res.kind, res.api_version
+
+    def _check_apply_kind(self, res: Resource, body: Obj) -> None:
+        """An apply patch names its type in full (kube-apiserver's versionCheckManager)."""
+        kind, api_version = body.get("kind"), body.get("apiVersion")
+        if kind != res.kind or api_version != res.api_version:
+            group, _, version = (api_version if isinstance(api_version, str) else "").rpartition("/")
+            got = f"{group}/{version}, Kind={kind if isinstance(kind, str) else ''}"
+            raise errors.bad_request(f"invalid object type: {got} (an apply patch must give apiVersion "
+                                     f"{res.api_version} and kind {res.kind})")
+        self._check_kind(res, body)
 
     def _validate(self, res: Resource, obj: Obj, errs: list[tuple[str, str]]) -> None:
         md = obj["metadata"]
@@ -298,7 +342,7 @@ class Registry:
             await self._remove(res, ns, kv)
             new["metadata"]["resourceVersion"] = omd["resourceVersion"]
             return new
-        out = await self.store.update(kv.key, encode(new), kv.mod_revision)
+        out = await self.store.update(kv.key, encode_bounded(res, new), kv.mod_revision)
         return decode(out)
 
     # --- patch --------------------------------------------------------------
@@ -342,12 +386,12 @@ class Registry:
                 return json_merge_patch(current, body)
             if patch_type == PATCH_STRATEGIC:
                 return strategic_merge_patch(current, body, res.kind)
-            self._check_kind(res, body)
+            self._check_apply_kind(res, body)
             return server_side_apply(current, body, manager or "unknown", force, res.kind)
         except ApplyConflict as e:
             raise self._apply_conflict(res, meta.name_of(current), e) from None
         except PatchError as e:
-            raise errors.APIError(422, "Invalid", f"the patch could not be applied: {e}") from None
+            raise patch_refusal(e) from None
 
     @staticmethod
     def _apply_conflict(res: Resource, name: str, e: ApplyConflict) -> errors.APIError:
@@ -364,7 +408,7 @@ class Registry:
                             manager: str, force: bool, dry_run: bool) -> Obj:
         if not isinstance(body, dict):
             raise errors.bad_request("the applied configuration must be an object")
-        self._check_kind(res, body)
+        self._check_apply_kind(res, body)
         md = body.get("metadata") or {}
         if md.get("name") and md["name"] != name:
             raise errors.bad_request(f'the name of the object ({md["name"]}) does not match the name '
@@ -411,7 +455,7 @@ class Registry:
         if dry_run:
             return new
         try:
-            out = await self.store.update(kv.key, encode(new), kv.mod_revision)
+            out = await self.store.update(kv.key, encode_bounded(res, new), kv.mod_revision)
         except Conflict:
             raise errors.conflict(res.plural, name, res.group) from None
         return decode(out)
@@ -448,6 +492,11 @@ class Registry:
             try:
                 if dry_run:
                     return (marked or obj), marked is None
+                if marked == obj:
+                    # Already terminating, and this DELETE asks nothing new (no finalizer to
+                    # add, no shorter grace period): as Kubernetes, the object unchanged and
+                    # no write - a write would wake every watcher, who may delete again.
+                    return obj, False
                 if marked is not None:
                     out = await self.store.update(kv.key, encode(marked), kv.mod_revision)
                     return decode(out), False

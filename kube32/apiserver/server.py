@@ -28,13 +28,15 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from .. import serving
 from ..store import Store
 from . import (authz, bodies, discovery, dryrun, errors, eventbus, images, impersonation, meta, nodecredentials,
                rbac, serviceaccounts, tables)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .eviction import EvictionHandler
-from .proxy import KubeletProxy, kubelet_base, ready_pods
-from .registry import PATCH_APPLY, PATCH_TYPES, Registry
+from .limits import MAX_DEPTH
+from .proxy import KubeletProxy, check_suffix, kubelet_base, kubelet_url, proxied_name, ready_pods
+from .registry import PATCH_APPLY, PATCH_TYPES, Registry, patch_refusal
 from .resources import Resource, by_plural, lookup
 from .selectors import parse_field_selector, parse_label_selector
 
@@ -80,8 +82,11 @@ class APIServer:
 
     # --- app ------------------------------------------------------------------
     def _build_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors_middleware, self._auth_middleware],
+        heavy = bodies.HeavyBodies()
+        app = web.Application(middlewares=[serving.track_requests, heavy.middleware, self._errors_middleware,
+                                           self._auth_middleware],
                               client_max_size=bodies.MAX_BODY)
+        app[bodies.HeavyBodies.KEY] = heavy
         r = app.router
         r.add_get("/version", self.version)
         for p in ("/healthz", "/readyz", "/livez"):
@@ -127,6 +132,12 @@ class APIServer:
             raise
         except (asyncio.CancelledError, ConnectionResetError):
             raise
+        except RecursionError:
+            # Every decoder and patch bounds nesting (limits.MAX_DEPTH); this is the net
+            # under them: the client's too-deep input, never a 500.
+            log.warning("a request nested too deep for a bound: %s %s", request.method, request.path)
+            return json_response(errors.bad_request(f"the request nests too deeply to be handled "
+                                                    f"(at most {MAX_DEPTH} levels)").status(), 400)
         except Exception as e:  # noqa: BLE001 - the server must outlive any request
             log.exception("internal error serving %s %s", request.method, request.path)
             return json_response(errors.internal(f"an internal error occurred: {type(e).__name__}: {e}").status(), 500)
@@ -189,8 +200,10 @@ class APIServer:
 
     async def token_review(self, request: web.Request) -> web.Response:
         """TokenReview: kubelets check who calls their endpoints (webhook authentication)."""
-        body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot create tokenreviews")
-        token = ((body or {}).get("spec") or {}).get("token", "") if isinstance(body, dict) else ""
+        body = await bodies.read_body(request, "cannot create tokenreviews")
+        token = meta.nested(body, "spec", "token") or ""
+        if not isinstance(token, str):
+            raise errors.bad_request("cannot create tokenreviews: spec.token must be a string")
         user = self.auth.authenticate(f"Bearer {token}") if token else None
         if user is not None and not await serviceaccounts.still_valid(self, user):
             user = None
@@ -224,6 +237,8 @@ class APIServer:
             raise errors.bad_request(f"{res.plural}/{sub} is not supported: {why}") if why else nf
         if rest and sub != "proxy":
             raise nf
+        if sub == "proxy":
+            check_suffix(rest)   # before any lookup: a refusal says nothing of what exists
         if name is not None and not name:
             raise nf
         return Target(res, ns, name, sub, rest)
@@ -328,8 +343,7 @@ class APIServer:
         return resp
 
     async def _body(self, request: web.Request, t: Target, what: str) -> tuple[Any, list[str]]:
-        raw = await bodies.read_raw(request)
-        obj = bodies.decode(raw, bodies.media_type(request), what)
+        obj = await bodies.read_body(request, what)
         warnings = bodies.check_fields(t.res, obj, request.query.get("fieldValidation", "Warn"))
         return obj, warnings
 
@@ -361,9 +375,8 @@ class APIServer:
         if ptype not in PATCH_TYPES:
             raise errors.unsupported_media_type(ptype)
         dry_run = dryrun.requested(request, kind="PatchOptions")
-        raw = await bodies.read_raw(request)
-        body = bodies.decode(raw, "application/yaml" if ptype == PATCH_APPLY else "application/json",
-                             f"cannot patch {t.res.plural}")
+        body = await bodies.read_body(request, f"cannot patch {t.res.plural}",
+                                      "application/yaml" if ptype == PATCH_APPLY else "application/json")
         warnings: list[str] = []
         if ptype == PATCH_APPLY:
             warnings = bodies.check_fields(t.res, body, request.query.get("fieldValidation", "Warn"))
@@ -393,7 +406,7 @@ class APIServer:
         if request.body_exists:
             raw = await bodies.read_raw(request)
             if raw.strip():
-                decoded = bodies.decode(raw, bodies.media_type(request), "cannot decode the delete options")
+                decoded = await bodies.decode_async(raw, bodies.media_type(request), "cannot decode the delete options")
                 if not isinstance(decoded, dict):
                     raise errors.bad_request("the delete options must be an object")
                 options = decoded
@@ -432,15 +445,19 @@ class APIServer:
             return json_response(_scale_of(await self.registry.get(t.res, t.namespace, t.name)))
         dry_run = dryrun.requested(request, kind="UpdateOptions" if request.method == "PUT" else "PatchOptions")
         if request.method == "PUT":
-            body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot update scale")
-            replicas = (body.get("spec") or {}).get("replicas") if isinstance(body, dict) else None
+            body = await bodies.read_body(request, "cannot update scale")
+            replicas = meta.nested(body, "spec", "replicas")
         elif request.method == "PATCH":
             ptype = bodies.media_type(request)
-            patch = bodies.decode(await bodies.read_raw(request), "application/json", "cannot patch scale")
+            patch = await bodies.read_body(request, "cannot patch scale", "application/json")
             current = _scale_of(await self.registry.get(t.res, t.namespace, t.name))
-            from .patch import json_merge_patch, json_patch  # the scale object has no merge keys
-            patched = json_patch(current, patch) if ptype == "application/json-patch+json" else json_merge_patch(current, patch)
-            replicas = (patched.get("spec") or {}).get("replicas")
+            from .patch import PatchError, json_merge_patch, json_patch  # the scale object has no merge keys
+            try:
+                patched = (json_patch(current, patch) if ptype == "application/json-patch+json"
+                           else json_merge_patch(current, patch))
+            except PatchError as e:
+                raise patch_refusal(e) from None
+            replicas = meta.nested(patched, "spec", "replicas")
         else:
             raise errors.method_not_allowed("the server does not allow this method on the requested resource")
         if not isinstance(replicas, int) or replicas < 0:
@@ -455,9 +472,9 @@ class APIServer:
     async def binding(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None and t.res.plural == "pods"
         dry_run = dryrun.requested(request)
-        body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot create bindings")
-        node = ((body or {}).get("target") or {}).get("name") if isinstance(body, dict) else None
-        if not node:
+        body = await bodies.read_body(request, "cannot create bindings")
+        node = meta.nested(body, "target", "name")
+        if not node or not isinstance(node, str):
             raise errors.invalid("Binding", t.name, [("target.name", "Required value")])
 
         def bind(pod: dict) -> dict:
@@ -473,7 +490,7 @@ class APIServer:
 
     async def eviction(self, request: web.Request, t: Target) -> web.StreamResponse:
         assert t.name is not None
-        body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot create evictions")
+        body = await bodies.read_body(request, "cannot create evictions")
         if not isinstance(body, dict):
             raise errors.bad_request("an Eviction must be an object")
         if self.eviction_handler is not None:
@@ -487,8 +504,10 @@ class APIServer:
 
     async def finalize_namespace(self, request: web.Request, t: Target) -> web.Response:
         assert t.name is not None
-        body = bodies.decode(await bodies.read_raw(request), bodies.media_type(request), "cannot finalize namespaces")
-        wanted = ((body or {}).get("spec") or {}).get("finalizers") or []
+        body = await bodies.read_body(request, "cannot finalize namespaces")
+        wanted = meta.nested(body, "spec", "finalizers") or []
+        if not isinstance(wanted, list) or not all(isinstance(f, str) for f in wanted):
+            raise errors.bad_request("cannot finalize namespaces: spec.finalizers must be a list of strings")
 
         def finalize(ns: dict) -> dict:
             # An empty list, not a missing key: the namespace defaulting re-adds a missing one.
@@ -511,19 +530,21 @@ class APIServer:
         return pod, kubelet_base(await self._node(node_name))
 
     async def proxy(self, request: web.Request, t: Target) -> web.StreamResponse:
+        """The node, pod or service proxy: the caller's suffix (checked in :meth:`_target`)
+        goes only under the object it was authorised for (:func:`~.proxy.kubelet_url`)."""
         assert t.name is not None
-        name = t.name.split(":")[1] if t.name.count(":") == 2 else t.name.split(":")[0]
-        path = quote(t.rest, safe="/:@!$&'()*+,;=-._~")
-        qs = f"?{request.query_string}" if request.query_string else ""
+        name = proxied_name(t.res.kind, t.name)
+        query = request.rel_url.raw_query_string   # as sent: decoding it would change it
         if t.res.plural == "nodes":
             base = kubelet_base(await self._node(name))
-            return await self.kubelets.forward(request, f"{base}/{path}{qs}")
+            return await self.kubelets.forward(request, kubelet_url(base, [], t.rest, query))
         assert t.namespace is not None
         if t.res.plural == "services":
             pod = await self._service_pod(t.namespace, name)
             name = pod["metadata"]["name"]
         _, base = await self._pod_base(t.namespace, name)
-        return await self.kubelets.forward(request, f"{base}/pods/{t.namespace}/{name}/http/{path}{qs}")
+        return await self.kubelets.forward(
+            request, kubelet_url(base, ["pods", t.namespace, name, "http"], t.rest, query))
 
     async def _service_pod(self, ns: str, name: str) -> dict:
         svc = await self.registry.get(by_plural("services"), ns, name)
@@ -550,8 +571,8 @@ class APIServer:
                                      f"a container name must be specified for pod {t.name}, choose one of: {containers}")
         q = {k: v for k, v in request.query.items() if k in ("follow", "tailLines", "timestamps", "previous", "sinceSeconds", "sinceTime",
                                                             "limitBytes")}
-        qs = "&".join(f"{k}={quote(v)}" for k, v in q.items())
-        url = f"{base}/containerLogs/{t.namespace}/{t.name}/{container}" + (f"?{qs}" if qs else "")
+        qs = "&".join(f"{k}={quote(v, safe='')}" for k, v in q.items())
+        url = kubelet_url(base, ["containerLogs", t.namespace, t.name, container], query=qs)
         return await self.kubelets.forward(request, url, method="GET", statuses=True)
 
 

@@ -64,7 +64,7 @@ def install(server: "APIServer") -> None:
         if raw.startswith(b"k8s\x00"):
             body: Any = _decode_protobuf(raw)
         elif raw.strip():
-            body = bodies.decode(raw, bodies.media_type(request), "cannot create serviceaccounts/token")
+            body = await bodies.decode_async(raw, bodies.media_type(request), "cannot create serviceaccounts/token")
         else:
             body = {}
         spec = body.get("spec") if isinstance(body, dict) else None

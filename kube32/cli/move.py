@@ -3,7 +3,9 @@
 Both create a Checkpoint (action Move or Save) and follow it live: each phase is
 printed as the controller reaches it, then the outcome in plain words: the
 freeze-to-running time of a move, the size of a saved snapshot, or the blockers
-and the reason of a failure (exit code 1).
+and the reason of a failure (exit code 1).  After a failed move that replaced the pod
+(a rollback), ``move`` also waits, a minute at most, to say whether the pod runs again
+with its state or started afresh.
 """
 from __future__ import annotations
 
@@ -139,12 +141,52 @@ async def _run(args: argparse.Namespace, action: str) -> int:
         name = ck["metadata"]["name"]
         what = f"moving {ns}/{args.pod}" + (f" to {args.node}" if action == "Move" and args.node else "")
         console.print(f"{what if action == 'Move' else f'checkpointing {ns}/{args.pod}'} (checkpoint {name})")
+        started = time.monotonic()
         try:
             final = await follow(client, ns, name, console, args.timeout, ck["metadata"]["resourceVersion"])
         except (TimeoutError, ApiError) as e:
             console.print(f"[bold red]error:[/] {e}")
             return 1
-        return report(final, console)
+        code = report(final, console)
+        if (final.get("status") or {}).get("rollbackPodUID"):
+            left = args.timeout - (time.monotonic() - started)
+            await rolled_back(client, ns, final, console, max(1.0, min(ROLLBACK_FOLLOW_SECONDS, left)))
+        return code
+
+
+ROLLBACK_FOLLOW_SECONDS = 60.0
+
+
+async def rolled_back(client: Client, ns: str, ck: dict[str, Any], console: Console, timeout: float) -> None:
+    """After a failed move, what became of the pod: it runs on its source with its state (its
+    kube32.io/restore-from is removed once it runs), or it was replaced again and started
+    afresh (the Checkpoint's message then says why), or, when the Checkpoint's data was
+    gone, it was not rolled back and runs afresh.  Bounded by ``timeout``."""
+    st = ck.get("status") or {}
+    uid, pod_name = st["rollbackPodUID"], st.get("newPodName") or ck["spec"]["podName"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pod = await client.get(PODS, pod_name, ns)
+        except ApiError as e:
+            if e.code != 404:
+                raise
+            pod = None
+        if pod is None or pod["metadata"]["uid"] != uid:
+            again = await client.get(CHECKPOINTS, ck["metadata"]["name"], ns)
+            console.print(f"[bold red]state lost:[/] {(again.get('status') or {}).get('message', '')}"
+                          if pod is not None else "the pod is gone")
+            return
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        restoring = "kube32.io/restore-from" in (pod["metadata"].get("annotations") or {})
+        if statuses and all("running" in (c.get("state") or {}) for c in statuses) and not restoring:
+            node = pod["spec"].get("nodeName")
+            console.print(f"the pod runs on {node}, started afresh: its state is lost"
+                          if "not rolled back" in st.get("message", "") else
+                          f"the pod runs on {node} again, with its state")
+            return
+        await asyncio.sleep(0.2)
+    console.print("the rolled-back pod was not seen running yet")
 
 
 def move_main(argv: list[str]) -> int:

@@ -29,7 +29,9 @@ class EventRecorder:
         self.host = host
         self._recent: dict[tuple, tuple[str, str, int]] = {}  # key -> (ns, name, count)
 
-    async def record(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    async def record(self, obj: dict[str, Any], type_: str, reason: str, message: str,
+                     times: int = 1) -> None:
+        """Record that it happened ``times`` times (the event's ``count`` grows by that)."""
         md = obj.get("metadata") or {}
         ns = md.get("namespace") or "default"
         involved = {"kind": obj.get("kind", ""), "apiVersion": obj.get("apiVersion", ""),
@@ -41,8 +43,8 @@ class EventRecorder:
             if key in self._recent:
                 ens, ename, count = self._recent[key]
                 try:
-                    await self.client.patch(EVENTS, ename, {"count": count + 1, "lastTimestamp": now}, ens)
-                    self._recent[key] = (ens, ename, count + 1)
+                    await self.client.patch(EVENTS, ename, {"count": count + times, "lastTimestamp": now}, ens)
+                    self._recent[key] = (ens, ename, count + times)
                     return
                 except ApiError:
                     self._recent.pop(key, None)
@@ -51,11 +53,11 @@ class EventRecorder:
                   "metadata": {"name": name, "namespace": ns},
                   "involvedObject": involved, "reason": reason, "message": message, "type": type_,
                   "source": {"component": self.component, **({"host": self.host} if self.host else {})},
-                  "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+                  "firstTimestamp": now, "lastTimestamp": now, "count": times,
                   "reportingComponent": self.component, "reportingInstance": self.host or ""}
             await self.client.create(EVENTS, ev, ns)
             if len(self._recent) > 4096:
                 self._recent.clear()
-            self._recent[key] = (ns, name, 1)
+            self._recent[key] = (ns, name, times)
         except Exception as e:  # noqa: BLE001 - events are best effort
             log.warning("cannot record event %s for %s/%s: %s", reason, ns, involved["name"], e)

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 import aiohttp
 import yaml
 
+from .. import urlpath
 from .kinds import Kind
 
 Obj = dict[str, Any]
@@ -115,9 +116,12 @@ class Client:
         await self.close()
 
     # --- raw -------------------------------------------------------------------
-    def request(self, method: str, path: str, **kw: Any):
-        """A raw request (an aiohttp context manager); the caller streams the body."""
-        return self.session.request(method, self.server + path, **kw)
+    def request(self, method: str, path: str, *, encoded: bool = False, **kw: Any):
+        """A raw request (an aiohttp context manager); the caller streams the body.
+        ``encoded``: ``path`` (and any query on it) is percent-encoded already and goes as
+        is, no dot segment resolved and nothing quoted again (see :mod:`kube32.urlpath`)."""
+        url = urlpath.encoded_url(self.server, path) if encoded else self.server + path
+        return self.session.request(method, url, **kw)
 
     async def post_bytes(self, path: str, data: bytes, content_type: str,
                          params: dict[str, str] | None = None) -> Obj:

@@ -2,7 +2,10 @@
 
 Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
 
-* ``Pending`` -> check the pod spec for blockers and pick the target (Move), then
+* ``Pending`` -> check the pod spec for blockers (when it has some, the node's too,
+  asked with ``dryRun=All``: nothing freezes) and pick the target (Move); wait for
+  the control plane's one snapshot slot (still ``Pending``, ``status.message`` saying so:
+  ``Saving`` means frozen), then
   ``Saving`` (with ``status.targetNode`` for a Move, so the target's kubelet asks for
   the data before it is stored: kube32.kubelet.prefetch): ask the pod's kubelet for a snapshot (``leave=running`` for Save,
   ``leave=frozen`` for Move) through the node proxy and stream it straight into
@@ -14,13 +17,19 @@ Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
   a Moved event with the time from the freeze.  When it fails to restore, fails,
   or does not run within the rollback timeout (60 s): the pod goes back to its
   source node (or, when that node is not Ready, to the scheduler) and restores
-  from the same Checkpoint; the Checkpoint turns ``Failed`` with the reason.
+  from the same Checkpoint; the Checkpoint turns ``Failed`` with the reason.  A
+  replacement that ran once is Completed whatever it does later.  When the Checkpoint's
+  data is gone (``DataStored=False``: kube32.apiserver.checkpointstatus) there is nothing
+  to roll back: the pod is replaced afresh on its source, and the message says so.
 * A failure before the replacement thaws the pod where it runs.
 
 Invariants: the control plane takes one snapshot at a time (one lock around the
 snapshot's transfer; others wait); every pod write names the uid it expects, so a pod replaced or deleted
 meanwhile is never overwritten; a ``Saving`` phase found with no snapshot in
-progress here (a control plane restart) fails and thaws, so no pod stays frozen.
+progress here (a control plane restart) fails and thaws at once, so no pod stays frozen -
+unless the move's replacement was written: then the move goes on as ``Moving`` and the
+replacement decides it.  A move's replacement is only ever decided here
+(:func:`replaced_by_move`: no eviction, node lifecycle or PodGC deletes it).
 Bookkeeping lives in status (``podUID``, ``newPodUID``, ``frozenAtMs``, ``movingSinceMs``,
 ``finishedAt``), so the controller picks up where it was after a restart.
 """
@@ -29,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -37,16 +47,30 @@ import aiohttp
 from .. import movability
 from ..client import CHECKPOINTS, NODES, PODS, ApiError, MutationCache
 from .base import Controller, key_of, split_key
-from .podutil import all_running, parse_time, rfc3339
+from .podutil import all_running, failure, parse_time, rfc3339
 from .scheduler import node_misfits, node_ready, pick_node, usage_by_node
 
 log = logging.getLogger("kube32.checkpoint")
 Obj = dict[str, Any]
 
 FREEZE_TIMEOUT_MS = 10000
+NODE_BLOCKERS_TIMEOUT = 5.0  # s: a refused move waits this long at most for the node's blockers
 MOVING_WRITE_DELAY = 0.05  # s after the replacement: see _save_and_continue
+# Test-only fault (tests/e2e/test_rollbacks.py): with KUBE32_TEST_FAULTS=hold-moving-status in
+# the control plane's environment, a move labelled kube32.io/test-fault: hold-moving-status
+# writes its Moving status 30 s after the replacement instead of 50 ms (a window to restart
+# the control plane between the two).  Off unless both are given.
+TEST_FAULT_LABEL = "kube32.io/test-fault"
+HOLD_MOVING = "hold-moving-status"
+HOLD_MOVING_SECONDS = 30.0
 FINISHED = ("Saved", "Completed", "Failed")
+WAITING_FOR_TURN = "waiting for its turn: the control plane takes one snapshot at a time"
 TRIGGER = movability.TRIGGER
+
+
+def _test_fault(ck: Obj, name: str) -> bool:
+    return name in os.environ.get("KUBE32_TEST_FAULTS", "").split(",") \
+        and (ck["metadata"].get("labels") or {}).get(TEST_FAULT_LABEL) == name
 
 
 def interp_mops(node: Obj) -> float:
@@ -65,6 +89,14 @@ def fastest_fit(pod: Obj, nodes: list[Obj], pods: list[Obj], extra_selector: dic
     if not fits:
         return None
     return max(fits, key=lambda n: (interp_mops(n), n["metadata"]["name"]))["metadata"]["name"]
+
+
+def replaced_by_move(checkpoints: Any, pod: Obj) -> bool:
+    """``pod`` is the replacement of a move under way, by the Checkpoints informer: only
+    this controller decides what becomes of it (movability.replacement_of_move)."""
+    ck_name = movability.restore_from(pod)
+    return ck_name is not None and movability.replacement_of_move(
+        checkpoints.get(f"{pod['metadata'].get('namespace')}/{ck_name}"), pod)
 
 
 class MoveError(Exception):
@@ -229,6 +261,7 @@ class CheckpointController(Controller):
             container = container_of(ck, pod)
             blockers = movability.spec_blockers(pod, await self._image_exports(pod, container))
             if blockers:
+                blockers = list(dict.fromkeys(blockers + await self._node_blockers(pod, container)))
                 raise MoveError("the pod cannot move: " + "; ".join(blockers), blockers)
             source = (pod.get("spec") or {}).get("nodeName")
             if not source or (pod.get("status") or {}).get("phase") != "Running":
@@ -241,19 +274,24 @@ class CheckpointController(Controller):
             return
         # The lock covers the snapshot's transfer only: the replacement, the status and the
         # restore of one move overlap the next one's snapshot (a drain moves pods in a row).
-        # Saving is sent before the lock is taken, and the snapshot does not wait for its
+        # Saving means frozen: a Checkpoint waiting for its turn stays Pending and says so;
+        # Saving is sent once the lock is held, and the snapshot does not wait for its
         # answer: the write and the node's freeze overlap.  A Saving Checkpoint is only ever
         # looked at by its own sync (running here) or, after a control plane restart, found
         # interrupted.  A move's target is named from Saving on: its kubelet asks for the
         # data at once (a GET that waits for it), so the bytes reach it while the pod is
         # being replaced.
-        saving = asyncio.ensure_future(self._set_status(
-            ck, guard, phase="Saving", nodeName=source, podUID=pod["metadata"]["uid"],
-            **({"targetNode": target} if target else {})))
-        await asyncio.sleep(0)  # the write goes out first
         leave = "running" if target is None else "frozen"
+        if self.snapshot_lock.locked():
+            ck = await self._set_status(ck, guard, message=WAITING_FOR_TURN)
+            guard = True
+        saving: asyncio.Future[Obj] | None = None
         try:
             async with self.snapshot_lock:
+                saving = asyncio.ensure_future(self._set_status(
+                    ck, guard, phase="Saving", message="", nodeName=source, podUID=pod["metadata"]["uid"],
+                    **({"targetNode": target} if target else {})))
+                await asyncio.sleep(0)  # the write goes out first
                 window = [_now_ms()]
                 try:
                     taken: tuple[int, Obj] | MoveError = await self._stream_snapshot(ck, pod, container,
@@ -263,12 +301,13 @@ class CheckpointController(Controller):
                 window.append(_now_ms())
             ck = await saving
         except asyncio.CancelledError:
-            saving.cancel()
+            if saving is not None:
+                saving.cancel()
             raise
         except Exception:
             # Saving was refused (the Checkpoint changed or went): the sync starts again from
             # the API's copy, and a pod frozen for this try thaws.
-            if leave == "frozen":
+            if leave == "frozen" and saving is not None:
                 await self._thaw(source, ns, pod["metadata"]["name"], container)
             raise
         # When this snapshot held the control plane's one snapshot slot (Unix ms): users and
@@ -306,6 +345,24 @@ class CheckpointController(Controller):
         except aiohttp.ClientError:
             pass
         return None
+
+    async def _node_blockers(self, pod: Obj, container: str) -> list[str]:
+        """The blockers the pod's node finds (open files, entry points), asked without a
+        freeze (``dryRun=All``): a move the spec already refuses still names every reason.
+        Empty when the pod runs on no node or its node does not answer in time."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") != "Running":
+            return []
+        md = pod["metadata"]
+        path = f"/api/v1/nodes/{node}/proxy/checkpoint/{md['namespace']}/{md['name']}/{container}"
+        try:
+            async with self.client.request("POST", path, params={"dryRun": "All"},
+                                           timeout=aiohttp.ClientTimeout(total=NODE_BLOCKERS_TIMEOUT)) as r:
+                text = await r.text()
+                return self._kubelet_refusal(r.status, text)[1] if r.status == 409 else []
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            log.info("cannot ask %s for the blockers of %s/%s: %s", node, md["namespace"], md["name"], e)
+            return []
 
     async def _target(self, ck: Obj, pod: Obj) -> str:
         target = (ck.get("spec") or {}).get("target") or {}
@@ -366,7 +423,7 @@ class CheckpointController(Controller):
         # runs without the control plane serving these writes and their watch events in its
         # middle.  The replacement does not depend on them; its own status is what a user,
         # a Service and the Deployment wait for.
-        await asyncio.sleep(MOVING_WRITE_DELAY)
+        await asyncio.sleep(HOLD_MOVING_SECONDS if _test_fault(ck, HOLD_MOVING) else MOVING_WRITE_DELAY)
         await self._set_status(ck, phase="Moving", takenAt=rfc3339(), targetNode=target, newPodName=pod_name,
                                newPodUID=new["metadata"]["uid"], frozenAtMs=frozen_at, movingSinceMs=_now_ms(),
                                **facts, **self._window_fields(ck))
@@ -450,13 +507,17 @@ class CheckpointController(Controller):
                 raise
 
     async def _interrupted(self, ck: Obj) -> None:
-        """A Saving Checkpoint nobody is saving: the control plane restarted mid-snapshot."""
-        if self.snapshot_lock.locked():
-            self.queue.add_after(key_of(ck), 1.0)
-            return
+        """A Saving Checkpoint nobody is saving: the control plane restarted mid-move or
+        mid-snapshot (Saving is written only by the sync that holds the snapshot slot, and a
+        key is synced by one worker at a time).  A move whose replacement was written goes
+        on: whether the replacement runs decides it.  Otherwise the pod, frozen for the
+        snapshot, thaws at once and the Checkpoint fails."""
         spec, st = ck.get("spec") or {}, _status(ck)
         ns = ck["metadata"]["namespace"]
         pod = await self.client.try_get(PODS, spec.get("podName", ""), ns)
+        if pod is not None and movability.replacement_of_move(ck, pod):
+            await self._moving_after_restart(ck, pod)
+            return
         if pod is not None and st.get("nodeName") and pod["metadata"]["uid"] == st.get("podUID"):
             try:
                 await self._thaw(st["nodeName"], ns, pod["metadata"]["name"], container_of(ck, pod))
@@ -465,6 +526,17 @@ class CheckpointController(Controller):
         replaced = pod is not None and pod["metadata"]["uid"] != st.get("podUID")
         await self._fail(ck, pod, MoveError("the snapshot was interrupted (the control plane restarted)"),
                          spec.get("action", "Save"), before_replacement=not replaced)
+
+    async def _moving_after_restart(self, ck: Obj, pod: Obj) -> None:
+        """The replacement was written before the restart (the Moving status was not): the
+        move is Moving from the replacement's creation on.  The time of the freeze is not
+        known, so the Moved figure is not given."""
+        created = parse_time(pod["metadata"].get("creationTimestamp"))
+        since = int(created.timestamp() * 1000) if created else _now_ms()
+        ck = await self._set_status(ck, phase="Moving", takenAt=pod["metadata"].get("creationTimestamp") or rfc3339(),
+                                    newPodName=pod["metadata"]["name"], newPodUID=pod["metadata"]["uid"],
+                                    movingSinceMs=since)
+        await self._check_move(ck)
 
     # --- Moving -> Completed | Failed (rolled back) ---------------------------------------
     async def _check_move(self, ck: Obj, confirmed: bool = True) -> None:
@@ -490,20 +562,21 @@ class CheckpointController(Controller):
             return
         container = container_of(ck, pod)
         state = _container_state(pod, container)
-        if (pod.get("status") or {}).get("phase") == "Running" and "running" in state:
+        # Seen running (by this sync or, a moment earlier, by the informer's handler):
+        # the move is done, whatever the container did since.
+        if (pod.get("status") or {}).get("phase") == "Running" and "running" in state \
+                or pod["metadata"].get("uid") in self._running_since:
             await self._complete(ck, pod)
             return
-        terminated = state.get("terminated")
         # The rollback clock starts when the replacement is bound (a pod may have been
         # frozen long before, e.g. a retried transfer); the Moved figure counts from the freeze.
         since = st.get("movingSinceMs") or st.get("frozenAtMs") or _now_ms()
         waited = (_now_ms() - int(since)) / 1000
-        failed = (pod.get("status") or {}).get("phase") == "Failed" or terminated
+        failed = failure(pod)  # a RestoreError, or any other end of its first start (a crash loop)
         if (failed or waited >= self.rollback_seconds) and not confirmed:
             await self._refetch(ck)
         elif failed:
-            why = (terminated or {}).get("message") or (pod.get("status") or {}).get("message") or "the replacement failed"
-            await self._rollback(ck, pod, why)
+            await self._rollback(ck, pod, failed)
         elif waited >= self.rollback_seconds:
             await self._rollback(ck, pod, f"the replacement did not run within {self.rollback_seconds:g} s")
         else:
@@ -512,20 +585,24 @@ class CheckpointController(Controller):
     async def _complete(self, ck: Obj, pod: Obj) -> None:
         st = _status(ck)
         running_at = self._running_since.pop(pod["metadata"].get("uid", ""), None) or _now_ms()
-        ms = max(0, running_at - int(st.get("frozenAtMs") or running_at))
-        message = f"moved from {st.get('nodeName')} to {st.get('targetNode')} in {ms} ms from the freeze"
+        moved = f"from {st.get('nodeName')} to {st.get('targetNode')}"
+        if st.get("frozenAtMs"):
+            ms: int | None = max(0, running_at - int(st["frozenAtMs"]))
+            message, took = f"moved {moved} in {ms} ms from the freeze", f"running {ms} ms after the freeze"
+        else:  # the control plane restarted between the replacement and the Moving status
+            ms, took = None, "the time from the freeze is not known (the control plane restarted during the move)"
+            message = f"moved {moved}; {took}"
         await self._drop_annotation(pod)
         try:
             # Guarded: ck may be a cached copy, and a move completes once (one Moved event).
             await self._set_status(ck, guard=True, phase="Completed", message=message, finishedAt=rfc3339(),
-                                   moveMillis=ms)
+                                   **({"moveMillis": ms} if ms is not None else {}))
         except ApiError as e:
             if e.code != 409:
                 raise
             await self._refetch(ck)
             return
-        await self._event(pod, "Normal", "Moved",
-                          f"Moved from {st.get('nodeName')} to {st.get('targetNode')}: running {ms} ms after the freeze")
+        await self._event(pod, "Normal", "Moved", f"Moved {moved}: {took}")
 
     async def _replace(self, pod: Obj, node: str | None, checkpoint: str | None) -> Obj:
         md = pod["metadata"]
@@ -549,15 +626,23 @@ class CheckpointController(Controller):
         source = st.get("nodeName")
         node = next((n for n in self.nodes.list() if n["metadata"]["name"] == source), None)
         back_to = source if node is not None and node_ready(node) else None
+        # Without its data the Checkpoint restores nothing: the pod starts afresh, and the
+        # Checkpoint says so instead of "rolled back".
+        lost = movability.data_gone(ck)
         try:
-            new = await self._replace(pod, back_to, ck["metadata"]["name"])
+            new = await self._replace(pod, back_to, None if lost else ck["metadata"]["name"])
         except ApiError as e:
             if e.code == 409:  # changed meanwhile: look again
                 self.queue.add(key_of(ck))
                 return
             raise
-        where = f"to {source}" if back_to else f"to the scheduler ({source} is not Ready)"
-        message = f"rolled back {where}: {why}"
+        if lost:
+            on = f"on {source}" if back_to else f"where the scheduler binds it ({source} is not Ready)"
+            message = f"not rolled back, the pod starts afresh {on}: {why}; " \
+                      f"{lost.get('message') or 'the checkpoint has no data'}"
+        else:
+            where = f"to {source}" if back_to else f"to the scheduler ({source} is not Ready)"
+            message = f"rolled back {where}: {why}"
         await self._set_status(ck, phase="Failed", message=message, finishedAt=rfc3339(),
                                rollbackPodUID=new["metadata"]["uid"])
         await self._event(new, "Warning", "MoveFailed", f"Move to {st.get('targetNode')} failed, {message}")

@@ -232,7 +232,7 @@ class DaemonSetController(Controller):
             elif keep:
                 running = []
                 for p in live:
-                    if (p.get("status") or {}).get("phase") == "Failed":
+                    if (p.get("status") or {}).get("phase") == "Failed" and not pu.awaits_replacement(p):
                         delete.append(p)  # recreated once it is gone
                     else:
                         running.append(p)

@@ -35,7 +35,7 @@ from typing import Any
 from .. import movability
 from ..client import CHECKPOINTS, LEASES, NODES, PODS, ApiError
 from .base import Controller
-from .checkpoint import replacement_of
+from .checkpoint import replaced_by_move, replacement_of
 from .periodic import latest_periodic
 from .scheduler import condition_status, toleration_matches
 
@@ -278,7 +278,7 @@ class NodeLifecycle(Controller):
             if deadline > now:
                 soonest = deadline if soonest is None else min(soonest, deadline)
                 continue
-            if self._moving(pod):
+            if replaced_by_move(self.checkpoints, pod):
                 # A move's replacement on a lost target: deleting it would lose the pod's
                 # state.  The Checkpoint controller rolls it back to its source from the
                 # same Checkpoint within the rollback timeout.
@@ -292,15 +292,6 @@ class NodeLifecycle(Controller):
                 self._evicting.discard(md.get("uid", ""))
         if soonest is not None:
             self.queue.add_after(name, soonest - now + 0.05)
-
-    def _moving(self, pod: Obj) -> bool:
-        """Whether ``pod`` is the replacement a Moving Checkpoint waits for."""
-        md = pod["metadata"]
-        name = (md.get("annotations") or {}).get(movability.RESTORE_FROM)
-        ck = next((c for c in self.checkpoints.list() if name and c["metadata"]["name"] == name
-                   and c["metadata"].get("namespace") == md.get("namespace")), None)
-        st = (ck or {}).get("status") or {}
-        return st.get("phase") == "Moving" and st.get("newPodUID") == md.get("uid")
 
     async def _restore_elsewhere(self, pod: Obj, node: Obj) -> bool:
         """A pod with a Saved periodic checkpoint is replaced, in one write, by one that

@@ -10,6 +10,10 @@ so this controller deletes with grace 0:
 * terminating pods on a node that is not Ready (Unknown or False), once their
   deletion grace period has run out.
 
+Never the replacement of a move under way (its target lost or deleted): the Checkpoint
+controller rolls it back to its source from the same Checkpoint, and deleting it would
+lose the pod's state.
+
 It runs every ``node_monitor_period_seconds``; the work-queue key is the pod key.
 """
 from __future__ import annotations
@@ -19,8 +23,9 @@ import logging
 import time
 from typing import Any
 
-from ..client import NODES, PODS, ApiError
+from ..client import CHECKPOINTS, NODES, PODS, ApiError
 from .base import Controller, split_key
+from .checkpoint import replaced_by_move
 from .nodelifecycle import parse_time
 from .scheduler import condition_status
 
@@ -44,6 +49,7 @@ class PodGC(Controller):
         super().__init__(ctx)
         self.pods = ctx.informers.get(PODS)
         self.nodes = ctx.informers.get(NODES)
+        self.checkpoints = ctx.informers.get(CHECKPOINTS)
         self._missing_since: dict[str, float] = {}  # node name -> when first seen missing (monotonic)
 
     async def run(self) -> None:
@@ -66,7 +72,7 @@ class PodGC(Controller):
 
     def _candidate(self, pod: Obj, now: float) -> bool:
         node_name = (pod.get("spec") or {}).get("nodeName")
-        if not node_name:
+        if not node_name or replaced_by_move(self.checkpoints, pod):
             return False
         node = self.nodes.get(node_name)
         if node is None:

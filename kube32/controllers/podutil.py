@@ -8,6 +8,8 @@ and never talks to the API server.  Invariants the controllers rely on:
   and owner, new uid, other node), and that is still one pod;
 * :func:`template_hash` depends only on the template's content (and the
   collision count), so the same template always names the same ReplicaSet;
+* a pod that failed to restore from a Checkpoint is not finished: the control plane
+  replaces it in one write (:func:`awaits_replacement`), so no owner makes up for it;
 * :class:`Expectations` remembers writes whose watch events have not arrived
   yet, so a controller reading a stale cache never creates or deletes twice.
 """
@@ -20,6 +22,8 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
+
+from .. import movability
 
 
 Obj = dict[str, Any]
@@ -125,9 +129,19 @@ def is_terminal(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
+def awaits_replacement(pod: Obj) -> bool:
+    """A pod that failed to restore from a Checkpoint (``kube32.io/restore-from``): the
+    control plane replaces it under its name in one write - a move's rollback to its
+    source, or the same pod started afresh (kube32.controllers.checkpoint, .restore) - so
+    it is still the one pod its owner counts, not a finished one to make up for."""
+    return (pod.get("status") or {}).get("phase") == "Failed" and \
+        movability.RESTORE_FROM in (md(pod).get("annotations") or {})
+
+
 def is_active(pod: Obj) -> bool:
-    """Counts toward a controller's replicas: not being deleted, not finished."""
-    return not is_terminating(pod) and not is_terminal(pod)
+    """Counts toward a controller's replicas: not being deleted, not finished (a pod that
+    failed to restore is not finished: :func:`awaits_replacement`)."""
+    return not is_terminating(pod) and (not is_terminal(pod) or awaits_replacement(pod))
 
 
 def all_running(pod: Obj) -> bool:
@@ -135,6 +149,23 @@ def all_running(pod: Obj) -> bool:
     status = pod.get("status") or {}
     states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
     return status.get("phase") == "Running" and bool(states) and all("running" in s for s in states)
+
+
+def failure(pod: Obj) -> str | None:
+    """Why a pod that has not been seen running failed, or None: the pod is Failed, or a
+    container ended, or was restarted after it ended (a crash loop shows the ended try
+    only in ``lastState``).  The message is the container's, else the pod's."""
+    status = pod.get("status") or {}
+    for cs in status.get("containerStatuses") or []:
+        for st in (cs.get("state") or {}, cs.get("lastState") or {}):
+            ended = st.get("terminated")
+            if isinstance(ended, dict):
+                return ended.get("message") or ended.get("reason") or "the container ended"
+        if int(cs.get("restartCount") or 0) > 0:
+            return ((cs.get("state") or {}).get("waiting") or {}).get("message") or "the container restarted"
+    if status.get("phase") == "Failed":
+        return status.get("message") or status.get("reason") or "the pod failed"
+    return None
 
 
 def is_ready(pod: Obj) -> bool:

@@ -22,7 +22,8 @@ reason is counted for the FailedScheduling message, as Kubernetes' FitError):
 6. room: pod count ("Too many pods"), memory and the extended resources
    ``hardware.kube32.io/*`` / ``esp32.io/*`` ("Insufficient memory"): requests
    (limits where a request is unset) against allocatable minus what the pods
-   bound there request.  Every resource short is a reason of its own.
+   bound there request (:mod:`kube32.podfit`, which the kubelet's admission uses
+   too).  Every resource short is a reason of its own.
 
 Score (lowest wins): pods of the same owner (or, ownerless, with the same
 labels) already on the node, then the fraction of allocatable memory
@@ -43,7 +44,7 @@ from fractions import Fraction
 from typing import Any, Iterable
 
 from ..client import NODES, PODS, ApiError
-from ..quantity import parse_quantity
+from ..podfit import node_allocatable, pod_is_active, pod_requests, shortfalls
 from .base import Controller
 
 log = logging.getLogger("kube32.scheduler")
@@ -51,53 +52,8 @@ Obj = dict[str, Any]
 
 SCHEDULER_NAME = "default-scheduler"
 PASS = "pending-pods"                     # the one work-queue key: "look at every pending pod"
-DEFAULT_MAX_PODS = 110
-EXTENDED_PREFIXES = ("hardware.kube32.io/", "esp32.io/")
 SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
 REPORT_AGAIN_SECONDS = 60.0              # a FailedScheduling with the same message, at most this often
-
-# --- quantities (kube32.quantity) -----------------------------------------------
-
-def _quantity_or_zero(value: Any) -> Fraction:
-    try:
-        return parse_quantity(value)
-    except ValueError:
-        return Fraction(0)
-
-
-def is_scheduled_resource(name: str) -> bool:
-    return name in ("memory", "pods") or name.startswith(EXTENDED_PREFIXES)
-
-
-def pod_requests(pod: Obj) -> dict[str, Fraction]:
-    """What the pod asks of a node: sum over containers (request, else limit), at least
-    the largest init container's, for memory and the extended resources."""
-    spec = pod.get("spec") or {}
-
-    def of(container: Obj) -> dict[str, Fraction]:
-        res = container.get("resources") or {}
-        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-        return {k: _quantity_or_zero(v) for k, v in merged.items() if is_scheduled_resource(k) and k != "pods"}
-
-    total: dict[str, Fraction] = {}
-    for c in spec.get("containers") or []:
-        if isinstance(c, dict):
-            for k, v in of(c).items():
-                total[k] = total.get(k, Fraction(0)) + v
-    for c in spec.get("initContainers") or []:
-        if isinstance(c, dict):
-            for k, v in of(c).items():
-                total[k] = max(total.get(k, Fraction(0)), v)
-    return total
-
-
-def node_allocatable(node: Obj) -> dict[str, Fraction]:
-    status = node.get("status") or {}
-    raw = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
-    out = {k: _quantity_or_zero(v) for k, v in raw.items() if is_scheduled_resource(k)}
-    out.setdefault("pods", Fraction(DEFAULT_MAX_PODS))
-    return out
-
 
 # --- predicates --------------------------------------------------------------
 
@@ -193,11 +149,6 @@ def matches_node_selection(pod: Obj, node: Obj, extra_node_selector: dict[str, s
     return any(node_selector_term_matches(t, node) for t in terms)
 
 
-def pod_is_active(pod: Obj) -> bool:
-    """Holds resources on its node: not Succeeded/Failed (terminating pods still count)."""
-    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-
-
 def _uid(obj: Obj) -> str:
     return (obj.get("metadata") or {}).get("uid", "")
 
@@ -242,16 +193,8 @@ def node_misfits(pod: Obj, node: Obj, usage: NodeUsage | None,
     if not matches_node_selection(pod, node, extra_node_selector):
         return ["node(s) didn't match Pod's node affinity/selector"]
     usage = usage or NodeUsage({}, ())
-    alloc = node_allocatable(node)
-    reasons = []
-    if len(usage.pods) + 1 > alloc["pods"]:
-        reasons.append("Too many pods")
-    for name, amount in sorted(pod_requests(pod).items()):
-        if amount <= 0:
-            continue
-        if usage.requested.get(name, Fraction(0)) + amount > alloc.get(name, Fraction(0)):
-            reasons.append(f"Insufficient {name}")
-    return reasons
+    return ["Too many pods" if short.resource == "pods" else f"Insufficient {short.resource}"
+            for short in shortfalls(pod, node_allocatable(node), usage.requested, len(usage.pods))]
 
 
 def _owner_uid(pod: Obj) -> str | None:

@@ -13,11 +13,17 @@ Invariants:
   bound elsewhere: the filtered watch sends DELETED) is stopped and its object is
   never written again; a pod marked for deletion is stopped, then deleted with
   grace 0 and a UID precondition, so a replacement of the same name is never
-  deleted.
+  deleted.  That happens once per UID: a pod that stays (its finalizers pending)
+  is not deleted again (a DELETE that failed otherwise is tried at the next event).
 * The kubelet is the pods' HostServices: logs go to the worker's ring buffer,
   publishes go to the API server's topic bus (so pods on every node hear them), and
   one ChannelRegistry serves the node's pods.
 * Free heap = heap - drivers' share - the linear memories of the node's pods.
+* Admission, as Kubernetes' kubelet admits: a pod bound here that would push the
+  node's active pods' requests past its allocatable (memory, pod count, devices:
+  :mod:`kube32.podfit`, the scheduler's own reading) is not run; it ends ``Failed``
+  with reason ``OutOf<resource>`` and "Pod was rejected: Node didn't have enough
+  resource: ...", and a Warning Event says so.  New pods are admitted oldest first.
 """
 from __future__ import annotations
 
@@ -26,18 +32,22 @@ import base64
 import dataclasses
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from aiohttp import web
 
+from .. import serving
 from ..aio import wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
+from ..podfit import allocatable, pod_requests, shortfalls
 from ..wasm import ChannelRegistry, Module, Pod, PodConfig, Runtime
 from ..wasm.abi import MAX_HELD_EVENTS
+from ..wasm.pod import MAX_QUEUED_EVENTS
 from . import node as nodeinfo
 from . import join as node_join
 from . import migration
@@ -64,7 +74,8 @@ class KubeletOptions:
     driver_bytes: int = 0                # the heap drivers hold (display, SD, ...)
     devices: tuple[str, ...] = ()
     max_pods: int = 110
-    interp_mops: float | None = None     # None: measure at boot
+    interp_mops: float | None = None     # None: measure at boot (on the engine below)
+    engine: str = "wasmtime"             # the Wasm engine: kube32.wasm.ENGINES
     control_plane: bool = False
     lease_interval: float = 10.0
     lease_duration: int = 40
@@ -93,7 +104,7 @@ class Kubelet:
         # signs the node's certificate for the address its join came from.
         client.source_address = node_join.own_address(options.host)
         cache = options.data_dir
-        self.runtime = Runtime(cache / "compiled" if cache else None)
+        self.runtime = Runtime(cache / "compiled" if cache else None, engine=options.engine)
         self.images = ImagePuller(client, cache / "images" if cache else None)
         self.events = EventRecorder(client, "kubelet", options.node_name)
         self.channels = ChannelRegistry()
@@ -108,6 +119,8 @@ class Kubelet:
         self.facts: nodeinfo.NodeFacts | None = None
         self.node_uid: str | None = None
         self._stopping: set[str] = set()
+        self._rejected: set[str] = set()   # uids refused at admission (their Failed status may lag)
+        self._terminated: set[str] = set()  # pods marked for deletion this node stopped (and deleted)
         self.moved_away: dict[tuple[str, str], float] = {}  # (ns, name) -> when it left frozen
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()   # strong refs: the loop keeps only weak ones
@@ -118,6 +131,8 @@ class Kubelet:
         self._transitions: dict[str, tuple[str, str]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.subscribed = asyncio.Event()
+        self.topic_seq = 0                   # the number of the latest topic line read (kube32.apiserver.eventbus)
+        self._topic_read = asyncio.Event()   # set by each line read
 
     # --- start and stop -----------------------------------------------------------
     async def start(self) -> None:
@@ -132,14 +147,15 @@ class Kubelet:
                 ssl_ctx = server_ssl(node_join.server_context(
                     creds, o.data_dir if o.data_dir and o.data_dir.is_dir() else None), creds.ca)
         self.scheme = "https" if ssl_ctx is not None else "http"
-        self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None)
+        self._runner = serving.GuardedRunner(build_app(self), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, o.host, o.port, reuse_address=True, ssl_context=ssl_ctx)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.facts = nodeinfo.NodeFacts(o.node_name, self.ip, self.port, o.profile, o.heap_bytes,
                                         o.driver_bytes, tuple(o.devices), o.max_pods, o.control_plane,
-                                        self.interp_mops, str(uuid.uuid4()))
+                                        self.interp_mops, str(uuid.uuid4()),
+                                        runtime_version=self.runtime.engine.runtime_version)
         await self._register()
         self.informer.add_handler(lambda *_: self._reconcile())
         self._tasks += [self.informer.start(),
@@ -148,7 +164,8 @@ class Kubelet:
                         asyncio.create_task(self._topic_loop(), name="kubelet-topics"),
                         asyncio.create_task(migration.thaw_forgotten(self), name="kubelet-thaw"),
                         self.nodeports.start(), *self.prefetch.start()]
-        log.info("kubelet %s serving on %s:%d (interp-mops %.2f)", o.node_name, self.ip, self.port, self.interp_mops)
+        log.info("kubelet %s serving on %s:%d (%s, interp-mops %.2f)", o.node_name, self.ip, self.port,
+                 self.runtime.engine.runtime_version, self.interp_mops)
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -261,7 +278,11 @@ class Kubelet:
         return (live or found or [None])[0]
 
     def _reconcile(self) -> None:
-        desired = {p["metadata"]["uid"]: p for p in self.informer.list()}
+        pods = sorted(self.informer.list(), key=lambda p: (p["metadata"].get("creationTimestamp", ""),
+                                                           p["metadata"]["name"]))
+        desired = {p["metadata"]["uid"]: p for p in pods}
+        self._rejected &= desired.keys()
+        self._terminated &= desired.keys()
         for uid, worker in list(self.workers.items()):
             if uid not in desired and uid not in self._stopping:
                 self._stopping.add(uid)
@@ -269,13 +290,51 @@ class Kubelet:
         for uid, pod in desired.items():
             worker = self.workers.get(uid)
             if pod["metadata"].get("deletionTimestamp"):
-                if uid not in self._stopping:
+                # Stopped once: a pod that stays (a finalizer pending) is not deleted again
+                # at every event of this node's pods.
+                if uid not in self._stopping and uid not in self._terminated:
                     self._stopping.add(uid)
                     self._spawn(self._terminate(pod, worker))
             elif worker is not None:
                 worker.update(pod)
-            elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and uid not in self._stopping:
-                self.workers[uid] = PodWorker(self, pod)
+            elif ((pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                  and uid not in self._stopping and uid not in self._rejected):
+                refusal = self._admission(pod)
+                if refusal is None:
+                    self.workers[uid] = PodWorker(self, pod)
+                else:
+                    self._rejected.add(uid)
+                    self._spawn(self._reject(pod, *refusal))
+
+    def _admission(self, pod: dict[str, Any]) -> tuple[str, str] | None:
+        """Why this node cannot run ``pod`` next to its active pods, as (reason, message)
+        in Kubernetes' words; None when it fits."""
+        assert self.facts is not None
+        active = [w.pod for w in self.workers.values() if w.phase not in ("Succeeded", "Failed")]
+        used: dict[str, Any] = {}
+        for other in active:
+            for name, amount in pod_requests(other).items():
+                used[name] = used.get(name, 0) + amount
+        short = shortfalls(pod, allocatable(nodeinfo.allocatable(self.facts)), used, len(active))
+        if not short:
+            return None
+        first = short[0]   # Kubernetes reports the first failed predicate
+        return (f"OutOf{first.resource}",
+                f"Node didn't have enough resource: {first.resource}, requested: {math.ceil(first.requested)}, "
+                f"used: {math.ceil(first.used)}, capacity: {math.floor(first.capacity)}")
+
+    async def _reject(self, pod: dict[str, Any], reason: str, message: str) -> None:
+        md = pod["metadata"]
+        log.warning("pod %s/%s rejected: %s", md["namespace"], md["name"], message)
+        status = {"phase": "Failed", "reason": reason, "message": f"Pod was rejected: {message}"}
+        try:
+            await self.client.patch(PODS, md["name"], [
+                {"op": "test", "path": "/metadata/uid", "value": md["uid"]},
+                {"op": "add", "path": "/status", "value": status}], md["namespace"],
+                type="json", subresource="status")
+        except ApiError as e:
+            log.warning("cannot mark pod %s/%s rejected: %s", md["namespace"], md["name"], e)
+        await self.events.record(pod, "Warning", reason, message)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -315,8 +374,11 @@ class Kubelet:
             self.node_changed()
         try:
             await self.client.delete(PODS, md["name"], md["namespace"], grace_period=0, uid=md["uid"])
+            self._terminated.add(md["uid"])
         except ApiError as e:
-            if e.code not in (404, 409):
+            if e.code in (404, 409):
+                self._terminated.add(md["uid"])
+            else:
                 log.warning("cannot delete pod %s/%s: %s", md["namespace"], md["name"], e)
         finally:
             self._stopping.discard(md["uid"])
@@ -360,31 +422,52 @@ class Kubelet:
         except Exception as e:  # noqa: BLE001 - events are best effort
             log.warning("cannot publish to %s/%s: %s", ns, topic, e)
 
-    def deliver(self, ns: str, topic: str, payload: bytes, source: str) -> int:
+    def deliver(self, ns: str, topic: str, payload: bytes, source: str,
+                held: Iterable[str] = (), to: str | None = None) -> int:
+        """An event to this node's pods that hear its topic, but never to its publisher nor
+        to a pod the control plane holds it for (``held``: names of pods under a move).  A
+        held event released (``to``: a uid) goes to that pod only."""
         n = 0
         for worker in list(self.workers.values()):
             inst = worker.instance
             if (inst is None or worker.namespace != ns or topic not in inst.config.topics
-                    or source == f"pod/{worker.uid}"):
+                    or source == f"pod/{worker.uid}" or worker.name in held
+                    or (to is not None and worker.uid != to)):
                 continue
             dropped = inst.dropped_events
             inst.deliver_event(topic, payload)
-            if inst.dropped_events > dropped:
-                self._events_dropped(worker)
+            self.count_dropped(worker, inst.dropped_events - dropped)
             n += 1
         return n
 
-    def _events_dropped(self, worker: Any) -> None:
-        """A frozen pod holds at most 8 events; each one dropped past that shows as the
-        pod's Warning event EventsDropped, whose count (``kubectl get events``,
-        ``kubectl describe pod``) is the number dropped."""
+    def count_dropped(self, worker: Any, count: int) -> None:
+        """``count`` events for the pod were dropped (at most 8 wait for a frozen or moving
+        pod, 1024 for a running one): they show as the pod's Warning event EventsDropped,
+        whose count (``kubectl get events``, ``kubectl describe pod``) is the number dropped."""
+        if count <= 0:
+            return
+
         async def record() -> None:
             async with self._drop_lock:  # one after another: each bumps the same Event's count
                 await self.events.record(
                     worker.pod, "Warning", "EventsDropped",
-                    "An event arrived while the pod was frozen and was dropped: a frozen pod holds at most "
-                    f"{MAX_HELD_EVENTS} events (the count is the number dropped)")
+                    f"Events for the pod were dropped: at most {MAX_HELD_EVENTS} wait for a pod while it is "
+                    f"frozen or moving, {MAX_QUEUED_EVENTS} while it runs (the count is the number dropped)", count)
         self._spawn(record())
+
+    async def topics_read(self, seq: int, timeout: float) -> bool:
+        """Wait until the topic line ``seq`` has been read (every event published before it
+        has then been delivered here); False after ``timeout`` s (the subscription is down:
+        no event reaches this node then)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.topic_seq < seq:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._topic_read.clear()
+            await wait_set(self._topic_read, remaining)
+        return True
 
     async def _topic_loop(self) -> None:
         backoff = 0.1
@@ -408,11 +491,31 @@ class Kubelet:
             ev = json.loads(line)
         except json.JSONDecodeError:
             return
-        if ev.get("type") == "SUBSCRIBED":
+        if not isinstance(ev, dict):
+            return
+        self._read_line(ev.get("seq"))
+        kind = ev.get("type")
+        if kind == "SUBSCRIBED":
             self.subscribed.set()
+            return
+        to = ev.get("to")
+        if kind == "DROPPED":
+            worker = self.workers.get(to) if isinstance(to, str) else None
+            count = ev.get("count")
+            if worker is not None and isinstance(count, int):
+                self.count_dropped(worker, count)
             return
         try:
             payload = base64.b64decode(ev.get("payload", ""))
         except ValueError:
             return
-        self.deliver(ev.get("namespace", ""), ev.get("topic", ""), payload, ev.get("source", ""))
+        held = ev.get("held") or ()
+        self.deliver(ev.get("namespace", ""), ev.get("topic", ""), payload, ev.get("source", ""),
+                     held if isinstance(held, list) else (), to if isinstance(to, str) else None)
+
+    def _read_line(self, seq: Any) -> None:
+        """Each line is numbered one after the last (a SUBSCRIBED line numbers the latest
+        before it: after a reconnection, or a control plane restart, the count starts there)."""
+        if isinstance(seq, int):
+            self.topic_seq = seq
+            self._topic_read.set()

@@ -10,6 +10,13 @@ in each.  ``leave=running`` thaws after the snapshot (also when the transfer
 broke); ``leave=frozen`` keeps it frozen for a move, and a frozen pod gives the
 same snapshot every time, so a failed transfer can be retried.
 
+``?dryRun=All`` only checks: 409 NotMovable with every blocker, or 200 with an empty
+``blockers`` list; the pod is never frozen (the control plane asks so for the node's
+blockers when it found some of its own).  ``?eventsSeq=<n>`` (a move's, from the API
+server): the snapshot is taken once this node has read topic line n, so it holds every
+event published before the control plane began to hold the pod's events and none after
+(kube32.apiserver.heldevents); ``X-Kube32-Held-Events`` says how many it holds.
+
 ``POST /thaw/<ns>/<pod>/<container>``: 200 ``{"thawed":true}``, or 404 when the
 pod is not frozen.  Held events are delivered first (the runtime does that).
 
@@ -48,12 +55,19 @@ log = logging.getLogger("kube32.kubelet.migration")
 # corrupt-restores flips one byte of every snapshot this node restores, as damage in
 # transfer would; the real checks must then refuse it.  truncate-restores ends the
 # download of every restore halfway.  hang-restores never finishes a restore (a target
-# that never starts the replacement).  slow-snapshots sends half of every snapshot taken
-# for a move (leave=frozen) and then waits 30 s before the rest (a window to kill the node or the control plane
-# mid-transfer).
-FAULTS = ("corrupt-restores", "truncate-restores", "hang-restores", "slow-snapshots")
-SLOW_SNAPSHOT_PAUSE = 30.0
+# that never starts the replacement).  crash-restores fails every pod that would restore here
+# before its restore begins, as a node whose runtime cannot load the module would: the
+# container ends terminated with reason Error (not RestoreError) and is restarted with
+# back-off.  slow-snapshots sends half of every snapshot taken for a move (leave=frozen)
+# and then waits 8 s before the rest: a window to kill the node or the control plane
+# mid-transfer, or to publish events, and shorter than the 10 s without a byte after
+# which the API server gives up on the snapshot (kube32.apiserver.dataspace.Pace), so
+# the move then completes.
+FAULTS = ("corrupt-restores", "truncate-restores", "hang-restores", "crash-restores", "slow-snapshots")
+CRASH_RESTORES_MESSAGE = "injected fault crash-restores: this node cannot load the module of a pod to restore"
+SLOW_SNAPSHOT_PAUSE = 8.0
 
+EVENTS_SEQ_WAIT = 2.0  # s: how long a snapshot waits for the topic line it must follow
 DEFAULT_TIMEOUT_MS = 10000
 MAX_TIMEOUT_MS = 60000
 FROZEN_MAX_SECONDS = 300.0
@@ -128,8 +142,11 @@ def _bad_request(message: str) -> web.Response:
                        "message": message, "code": 400})
 
 
-def parse_params(query: Any) -> tuple[str, int] | str:
-    """(leave, timeoutMs), or the message of a 400."""
+def parse_params(query: Any) -> tuple[str, int, int, bool] | str:
+    """(leave, timeoutMs, eventsSeq, dryRun), or the message of a 400."""
+    dry_run = query.get("dryRun")
+    if dry_run not in (None, "All"):
+        return f'dryRun must be "All", not "{dry_run}"'
     leave = query.get("leave", "running")
     if leave not in ("running", "frozen"):
         return f'leave must be "running" or "frozen", not "{leave}"'
@@ -140,7 +157,10 @@ def parse_params(query: Any) -> tuple[str, int] | str:
         return f'timeoutMs must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, not "{raw}"'
     if not 1 <= timeout <= MAX_TIMEOUT_MS:
         return f"timeoutMs must be from 1 to {MAX_TIMEOUT_MS} ms, not {timeout}"
-    return leave, timeout
+    raw = query.get("eventsSeq", "0")
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        return f'eventsSeq must be the number of a topic line (0 or more), not "{raw}"'
+    return leave, timeout, int(raw), dry_run == "All"
 
 
 def _target(kl: "Kubelet", request: web.Request):
@@ -165,7 +185,7 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
     params = parse_params(request.query)
     if isinstance(params, str):
         return _bad_request(params)
-    leave, timeout_ms = params
+    leave, timeout_ms, events_seq, dry_run = params
     worker, why = _target(kl, request)
     if worker is None:
         return _not_found(why)
@@ -175,7 +195,16 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
         return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
                            "message": "the pod cannot move: " + "; ".join(blockers), "blockers": blockers,
                            "code": 409})
+    if dry_run:
+        return _json(200, {"kind": "Status", "apiVersion": "v1", "status": "Success",
+                           "message": "the pod can move", "blockers": [], "code": 200})
+    # A move's snapshot holds every event published before the control plane began to hold
+    # the pod's events (line eventsSeq of the topic stream), and none after it.
+    if not await kl.topics_read(events_seq, EVENTS_SEQ_WAIT):
+        log.warning("taking the snapshot of %s/%s without topic line %d (the topic stream is behind or down)",
+                    worker.namespace, worker.name, events_seq)
     was_frozen = inst.frozen
+    dropped = inst.dropped_events
     try:
         await asyncio.to_thread(inst.freeze, timeout_ms)
     except CallTimeout as e:
@@ -184,6 +213,7 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
     except PodError as e:
         return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
                            "message": str(e), "blockers": [str(e)], "code": 409})
+    kl.count_dropped(worker, inst.dropped_events - dropped)  # a frozen pod keeps 8 of those queued
     if not was_frozen:
         worker.frozen_since = time.monotonic()
         kl.pod_frozen_changed(worker.uid)
@@ -195,6 +225,7 @@ async def checkpoint(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
             "X-Kube32-Image-Sha256": inst.module.sha256,
             "X-Kube32-Pod-Time-Ms": str(writer.state.pod_time_ms),
             "X-Kube32-Frozen-At-Ms": str(writer.state.unix_time_ms),
+            "X-Kube32-Held-Events": str(len(writer.state.events)),
         })
         resp.content_length = writer.total_size
         # The trailer is known only at the end; a frozen pod's snapshot never changes,

@@ -1,12 +1,15 @@
 """The Node object and the Lease a kubelet keeps: what the cluster knows about this node.
 
 * Labels: ``kubernetes.io/hostname``, ``kubernetes.io/os`` (``kube32``),
-  ``kubernetes.io/arch`` (``wasm32``), ``kube32.io/profile`` and, on the control
-  plane's node, ``node-role.kubernetes.io/control-plane``.
+  ``kubernetes.io/arch`` (``wasm32``: what a pod's image needs, so every node takes
+  every pod), ``kube32.io/profile``, ``kube32.io/engine`` (``wasmtime``, ``pwasm``) and,
+  on the control plane's node, ``node-role.kubernetes.io/control-plane``.
 * Status: addresses (InternalIP, Hostname), the kubelet endpoint port, capacity and
   allocatable (memory = heap; pods; ``hardware.kube32.io/<device>: 1`` per device),
   nodeInfo with every field filled (the kubernetes Python client refuses a
-  nodeInfo with missing fields), conditions Ready, MemoryPressure (True when the
+  nodeInfo with missing fields): ``architecture`` is the CPU the node runs on, in
+  Kubernetes' names (``amd64``, ``arm64``, ...), ``containerRuntimeVersion`` its Wasm
+  engine (``pwasm://0.2a0``), conditions Ready, MemoryPressure (True when the
   free heap is below :data:`MEMORY_PRESSURE_BYTES`), DiskPressure, PIDPressure.
 * Annotations: ``kube32.io/free-heap`` (bytes) and ``kube32.io/interp-mops``.
 * The Lease ``kube-node-lease/<node>`` is this node's heartbeat.
@@ -21,7 +24,10 @@ from typing import Any
 
 MEMORY_PRESSURE_BYTES = 24 << 10
 KUBELET_VERSION = "v1.32.4-kube32"
-RUNTIME_VERSION = "wasmtime://50.0.1"
+# platform.machine() -> the GOARCH name Kubernetes reports (others are reported as they are)
+_GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "i386": "386",
+           "i686": "386", "armv7l": "arm", "armv6l": "arm", "ppc64le": "ppc64le", "s390x": "s390x",
+           "riscv64": "riscv64", "mips64": "mips64le", "loongarch64": "loong64"}
 
 
 def now() -> str:
@@ -45,12 +51,20 @@ class NodeFacts:
     control_plane: bool
     interp_mops: float
     boot_id: str
+    runtime_version: str                # the engine, as nodeInfo.containerRuntimeVersion
+
+
+def cpu_architecture() -> str:
+    """This machine's CPU in Kubernetes' (Go's) names: amd64, arm64, arm, riscv64, ..."""
+    machine = platform.machine().lower()
+    return _GOARCH.get(machine, machine or "unknown")
 
 
 def node_labels(f: NodeFacts) -> dict[str, str]:
     labels = {"kubernetes.io/hostname": f.name, "kubernetes.io/os": "kube32",
               "kubernetes.io/arch": "wasm32", "beta.kubernetes.io/os": "kube32",
-              "beta.kubernetes.io/arch": "wasm32", "kube32.io/profile": f.profile}
+              "beta.kubernetes.io/arch": "wasm32", "kube32.io/profile": f.profile,
+              "kube32.io/engine": f.runtime_version.split("://")[0]}
     if f.control_plane:
         labels["node-role.kubernetes.io/control-plane"] = ""
     return labels
@@ -59,6 +73,11 @@ def node_labels(f: NodeFacts) -> dict[str, str]:
 def node_annotations(f: NodeFacts, free_heap: int) -> dict[str, str]:
     return {"kube32.io/free-heap": str(free_heap), "kube32.io/interp-mops": f"{f.interp_mops:.2f}",
             "kube32.io/kubelet-scheme": "http"}
+
+
+def allocatable(f: NodeFacts) -> dict[str, str]:
+    """What the node offers its pods (its Node's ``status.allocatable``)."""
+    return _resources(f)
 
 
 def _resources(f: NodeFacts) -> dict[str, str]:
@@ -85,8 +104,8 @@ def node_status(f: NodeFacts, free_heap: int, ready: bool = True,
         "addresses": [{"type": "InternalIP", "address": f.ip}, {"type": "Hostname", "address": f.name}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": f.port}},
         "capacity": _resources(f), "allocatable": _resources(f),
-        "nodeInfo": {"architecture": "wasm32", "bootID": f.boot_id,
-                     "containerRuntimeVersion": RUNTIME_VERSION,
+        "nodeInfo": {"architecture": cpu_architecture(), "bootID": f.boot_id,
+                     "containerRuntimeVersion": f.runtime_version,
                      "kernelVersion": f"kube32-{platform.release()}", "kubeProxyVersion": KUBELET_VERSION,
                      "kubeletVersion": KUBELET_VERSION,
                      "machineID": uuid.uuid5(uuid.NAMESPACE_DNS, f"machine.{f.name}").hex,

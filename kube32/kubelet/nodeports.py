@@ -9,17 +9,22 @@ their kubelet, so the hop goes through the API server.
 
 Invariants: one listener per (nodePort); a Service changed or gone closes its
 listeners; a port this node cannot bind is logged and recorded as an event on the
-Service, never fatal.
+Service, never fatal.  A request reaches that Service's proxy and nothing else of
+the API (the node's credentials carry it): its path is taken segment by segment,
+a dot segment in any encoding, a backslash or a control character is a 400
+(:mod:`kube32.urlpath`), and the API path is sent encoded, as is.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
 
+from .. import serving, urlpath
 from ..client import SERVICES, Informer
 
 if TYPE_CHECKING:
@@ -70,9 +75,9 @@ class NodePorts:
                     await self._listen(port, target)
 
     async def _listen(self, port: int, target: tuple[str, str, int]) -> None:
-        app = web.Application(client_max_size=16 << 20)
+        app = web.Application(middlewares=[serving.track_requests], client_max_size=16 << 20)
         app.router.add_route("*", "/{path:.*}", self._forwarder(target))
-        runner = web.AppRunner(app, access_log=None)
+        runner = serving.GuardedRunner(app, access_log=None)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.kl.ip, port, reuse_address=True).start()
@@ -85,12 +90,21 @@ class NodePorts:
 
     def _forwarder(self, target: tuple[str, str, int]):
         ns, name, svc_port = target
+        proxy = "/".join(urlpath.quote_segment(s) for s in
+                         ("api", "v1", "namespaces", ns, "services", f"{name}:{svc_port}", "proxy"))
 
         async def forward(request: web.Request) -> web.StreamResponse:
-            path = f"/api/v1/namespaces/{ns}/services/{name}:{svc_port}/proxy/{request.match_info['path']}"
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+            raw_path, _, query = request.raw_path.partition("?")
             try:
-                async with self.kl.client.request(request.method, path, params=request.query,
+                suffix = urlpath.confined([unquote(s) for s in raw_path.split("/")[1:]])
+            except urlpath.PathRefused as e:
+                return web.Response(status=400, text=f"{e}\n")
+            path = f"/{proxy}/{suffix}" + (f"?{query}" if query else "")
+            # Impersonate-*: the node's credentials carry the request, never a caller's wish.
+            headers = {k: v for k, v in request.headers.items()
+                       if k.lower() not in HOP and not k.lower().startswith("impersonate-")}
+            try:
+                async with self.kl.client.request(request.method, path, encoded=True,
                                                   data=await request.read(), headers=headers) as up:
                     resp = web.StreamResponse(status=up.status, reason=up.reason)
                     for k, v in up.headers.items():

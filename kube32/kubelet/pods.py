@@ -38,7 +38,7 @@ from ..movability import RESTORE_FROM
 from ..wasm import ImageError, Pod, PodError
 from .images import PullError
 from .logs import LogBuffer
-from .migration import DataRequest, RestoreError, finish, restore
+from .migration import CRASH_RESTORES_MESSAGE, DataRequest, RestoreError, finish, restore
 from .podspec import ConfigError
 
 if TYPE_CHECKING:
@@ -154,6 +154,8 @@ class PodWorker:
         begun = self.kl.prefetch.take(self.namespace, wanted) if wanted else None
         self._prepared = await begun if begun is not None else None
         try:
+            if wanted and "crash-restores" in self.kl.options.faults:
+                raise ImageError(CRASH_RESTORES_MESSAGE)
             if self._prepared is not None and self._prepared.image == self.image:
                 module = self._prepared.module
             else:

@@ -22,11 +22,11 @@ import base64
 import re
 from typing import Any
 
+from .. import movability
 from ..client import CONFIGMAPS, SECRETS, ApiError, Client
 from ..wasm import PodConfig
 from ..quantity import parse_bytes, parse_duration_ms
 
-TOPICS_ANNOTATION = "kube32.io/events"
 TICK_ANNOTATION = "kube32.io/tick-interval"
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
@@ -164,7 +164,7 @@ async def pod_config(client: Client, pod: dict[str, Any], pod_ip: str,
     container = (spec.get("containers") or [{}])[0]
     ann = md.get("annotations") or {}
     sources = _Sources(client, md["namespace"])
-    topics = tuple(t.strip() for t in str(ann.get(TOPICS_ANNOTATION, "")).split(",") if t.strip())
+    topics = movability.topics(pod)
     tick = None
     if ann.get(TICK_ANNOTATION):
         try:

@@ -16,6 +16,13 @@ endpoints of the migration work plug in there):
 * ``/devices/keyboard?key=K[&namespace=NS]``: a key press on a node with a
   keyboard, published on the topic ``keyboard``.
 * ``/healthz``.
+
+Confinement, whatever the API server sends (a pod proxy caller is authorised for one
+pod, and the kubelet checks again what the API server checked): every
+request's raw path is checked before routing (:mod:`kube32.urlpath`): a dot
+segment in any encoding, a backslash or a control character is a 400, never
+resolved; and a segment that names the namespace, pod or container may not hold
+an encoded ``/``.  So a request reaches only the route, and the pod, its path names.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
+from .. import serving, urlpath
 from ..client import ApiError
 from ..wasm import HttpRequest, PodError, PodFrozen
 from . import migration
@@ -98,6 +106,21 @@ def server_ssl(context: ssl.SSLContext, ca_pem: bytes) -> ssl.SSLContext:
     return context
 
 
+TAIL = "path"   # the one route variable that is a path (a pod's own), not a name
+
+
+@web.middleware
+async def confine(request: web.Request, handler):
+    """A 400 for a path that could name something other than what it seems to."""
+    why = urlpath.refusal(request.raw_path.split("?", 1)[0].split("/"))
+    if why is None:
+        why = next((f'the {key} "{value}" holds a "/"' for key, value in request.match_info.items()
+                    if key != TAIL and "/" in value), None)
+    if why is not None:
+        return _text(400, why)
+    return await handler(request)
+
+
 def build_app(kubelet: "Kubelet") -> web.Application:
     check = TokenCheck(kubelet)
 
@@ -123,7 +146,7 @@ def build_app(kubelet: "Kubelet") -> web.Application:
             return _text(403, f'Forbidden: user "{user}" may not use the kubelet API')
         return await _limited(request, handler)
 
-    app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[serving.track_requests, confine, auth], client_max_size=MAX_BODY)
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, _bind(kubelet, handler))
     return app
@@ -151,7 +174,7 @@ async def pod_http(kl: "Kubelet", request: web.Request) -> web.Response:
         return _text(503, f'pod "{ns}/{name}" is not running: {_state_text(worker.state)}',
                      {"Retry-After": "1"})
     headers = tuple((k, v) for k, v in request.headers.items() if k.lower() not in DROP_HEADERS)
-    req = HttpRequest(request.method, "/" + request.match_info["path"], request.query_string, headers,
+    req = HttpRequest(request.method, "/" + request.match_info[TAIL], request.rel_url.raw_query_string, headers,
                       await request.read())
     try:
         fut = inst.handle(req)

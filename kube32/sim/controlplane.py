@@ -19,7 +19,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..apiserver import pki, podreplacement
+from .. import serving
+from ..apiserver import checkpointstatus, pki, podreplacement
 from ..apiserver.auth import (APISERVER, BOOTSTRAP_USER, KUBELET_CLIENT, load_or_create_tokens,
                               read_token_file, write_kubeconfigs)
 from ..apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataAPI, CheckpointDataSpace
@@ -61,7 +62,7 @@ class ControlPlaneOptions:
 class ControlPlane:
     def __init__(self, opts: ControlPlaneOptions) -> None:
         self.opts = opts
-        self.runner: web.AppRunner | None = None
+        self.runner: serving.GuardedRunner | None = None
         self._socket_dir: Path | None = None
         self.server: APIServer | None = None
         self.store: SQLiteStore | None = None
@@ -94,8 +95,10 @@ class ControlPlane:
         self.server.pki_dir = pki_dir
         await self.server.ensure_defaults()
         CheckpointDataAPI(self.server, CheckpointDataSpace(self.opts.checkpoint_space))
+        # The data space starts empty: what the Checkpoints held is gone, and they say so.
+        await checkpointstatus.lost_at_start(self.server.registry)
         podreplacement.install(self.server)
-        self.runner = web.AppRunner(self.server.app, handler_cancellation=True, access_log=None)
+        self.runner = serving.GuardedRunner(self.server.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         ssl_ctx, ca_pem = None, None
         if not self.opts.insecure_http:

@@ -13,6 +13,7 @@ from ..apiserver.pki import PKIError
 from ..controllers.base import ControllerOptions
 from ..apiserver.checkpointdata import BOARD_CAPACITY, SIM_CAPACITY
 from ..quantity import parse_bytes
+from ..wasm import ENGINES
 from .controlplane import ControlPlaneOptions, run_control_plane
 from .worker import add_node_flags, kubelet_options, run_worker
 
@@ -88,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--data-dir", type=Path, required=True, help="the control plane's data directory")
     up.add_argument("--port", type=int, default=6443, help="API server port (0 = any free port)")
     up.add_argument("--interp-mops", help="interpreter speed every node reports instead of measuring it")
+    up.add_argument("--engine", choices=tuple(ENGINES),
+                    help="the Wasm engine of every node (default: each node's profile's)")
     up.add_argument("--lease-interval", help="seconds between Lease renewals on every node")
     up.add_argument("--backoff", help="first restart back-off in seconds on every node")
     add_control_plane_timings(up, forward=True)
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("kube32-sim up: --workers must be 0 or more", file=sys.stderr)
                 return 2
             node_args: list[str] = []
-            for flag in ("interp_mops", "lease_interval", "backoff"):
+            for flag in ("interp_mops", "lease_interval", "backoff", "engine"):
                 if getattr(args, flag) is not None:
                     node_args += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
             cp_args: list[str] = []

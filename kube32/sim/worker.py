@@ -18,6 +18,7 @@ from ..kubelet import Kubelet, KubeletOptions
 from ..kubelet.drain import drain_self
 from ..kubelet.migration import FAULTS
 from ..quantity import parse_bytes
+from ..wasm import ENGINES, engine_class
 from .profiles import profile
 
 
@@ -32,6 +33,9 @@ def add_node_flags(p: argparse.ArgumentParser, *, default_profile: str, port_fla
                    help=f"board profile: default heap, devices and pod capacity (default {default_profile})")
     p.add_argument("--heap", help="heap size, e.g. 512Ki, 8Mi (default: the profile's)")
     p.add_argument("--devices", help="comma-separated devices, e.g. display,keyboard (default: the profile's)")
+    p.add_argument("--engine", choices=tuple(ENGINES),
+                   help="the Wasm engine that runs the node's pods: wasmtime (compiled) or pwasm "
+                        "(pure Python, any CPU); default: the profile's (pwasm for devkit and cardputer)")
     p.add_argument("--interp-mops", type=float, help="interpreter speed to report instead of measuring it")
     p.add_argument("--lease-interval", type=float, default=10.0, help="seconds between Lease renewals")
     p.add_argument("--status-interval", type=float, default=10.0, help="seconds between node status reports")
@@ -50,9 +54,14 @@ def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool 
     except ValueError as e:
         raise SystemExit(f"kube32-sim: --heap: {e}") from None
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices is not None else prof.devices
+    engine = args.engine or prof.engine
+    try:
+        engine_class(engine)
+    except ValueError as e:
+        raise SystemExit(f"kube32-sim: --engine: {e}") from None
     return KubeletOptions(node_name=name, host=args.address, port=args.kubelet_port, profile=prof.name, heap_bytes=heap,
                           driver_bytes=prof.driver_bytes if not args.heap else min(prof.driver_bytes, heap // 4),
-                          devices=devices, max_pods=prof.max_pods, interp_mops=args.interp_mops,
+                          devices=devices, max_pods=prof.max_pods, interp_mops=args.interp_mops, engine=engine,
                           control_plane=control_plane, lease_interval=args.lease_interval,
                           status_interval=args.status_interval, backoff_base=args.backoff,
                           data_dir=data_dir, faults=tuple(args.fault))
@@ -69,7 +78,8 @@ async def run_worker(kubeconfig: Path, server: str | None, opts: KubeletOptions)
         await client.close()
         raise
     print(f"kube32 worker {opts.node_name} ({opts.profile}) joined {client.server}; "
-          f"kubelet on {kubelet.ip}:{kubelet.port}, interp-mops {kubelet.interp_mops:.2f}", flush=True)
+          f"kubelet on {kubelet.ip}:{kubelet.port}, engine {kubelet.runtime.engine.runtime_version}, "
+          f"interp-mops {kubelet.interp_mops:.2f}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

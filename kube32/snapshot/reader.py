@@ -612,9 +612,12 @@ class SnapshotReader:
             self._prefault = None
 
     def _release(self) -> None:
-        """The side threads end (the hash's worker once its queue is empty)."""
+        """The side threads end (the hash's worker once its queue is empty), and the
+        memory target is let go: it is the pod's memory, and an engine whose memory is
+        a bytearray cannot grow it while a view of it lives."""
         self._stop_prefault()
         self._hash.close()
+        self._memory = None
 
 
 async def _chunk(stream: Any) -> bytes:

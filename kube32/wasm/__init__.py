@@ -1,19 +1,28 @@
 """kube32.wasm: the engine inside every kubelet and the pod ABI (imports kube32.snapshot only).
 
+Layers: pod.py (lifecycle, freeze, snapshot, restore) and hostcalls.py (the ABI's host
+functions) run Wasm only through the engine seam, engine.py; an engine is
+engine_wasmtime.py (compiled, the only module that touches wasmtime) or engine_pwasm.py
+(a pure-Python interpreter, any CPU).  A snapshot from either restores on the other.
+
 Public API (the kubelet codes against exactly this)::
 
     from kube32.wasm import (Runtime, Module, PodConfig, HttpRequest, HttpResponse, Pod,
                              PodFrozen, CallTimeout, ChannelRegistry, HostServices,
-                             ImageError, PodError)
+                             ImageError, PodError, ENGINES)
 
-    rt = Runtime(cache_dir=None)          # one per kubelet: Engine with epoch interruption,
-                                          # an epoch ticker thread, the compiled-module cache
+    rt = Runtime(cache_dir=None, engine="wasmtime")   # one per kubelet; engine one of ENGINES
+                                          # ("wasmtime", "pwasm"; ValueError naming them, or
+                                          # naming why one is not available here)
+    rt.engine.name, rt.engine.runtime_version, rt.engine.tag   # "pwasm", "pwasm://0.2a0",
+                                          # the tag naming its code and its measured speed
+    engine_class(name)                    # ValueError as Runtime's, without making one
     mod = rt.load(wasm_bytes, expected_sha256=None)
         # -> Module(sha256, kind "request"|"command", entry_point, exports, size)
         # ImageError("image digest mismatch: expected ..., got ..."), or naming why the
         # module is no pod: not Wasm, does not compile, import outside the ABI,
         # wrong export signature, no k32_handle/k32_tick/k32_event/_start/app_main/main
-    rt.measure_mops() -> float            # fixed i32 kernel, ~0.3 s: kube32.io/interp-mops
+    rt.measure_mops() -> float            # fixed i32 kernel on rt's engine, ~0.3 s: kube32.io/interp-mops
     rt.close()
 
     pod = Pod(rt, mod, PodConfig(namespace, name, container, env, topics, tick_interval_ms,
@@ -40,7 +49,7 @@ Public API (the kubelet codes against exactly this)::
                                           # instance: keep it frozen until written.
                                           # PodError if not frozen or blocked.
     pod.thaw()                            # held events first; clock resumes from the freeze
-    pod.stop()                            # interrupts a running call (epoch), joins the
+    pod.stop()                            # interrupts a running call, joins the
                                           # thread, closes channels and files
 
     # restore, in a fresh pod of the same module and spec:
@@ -62,12 +71,14 @@ Public API (the kubelet codes against exactly this)::
         def random_bytes(self, n: int) -> bytes   # optional; os.urandom when absent
 
 The ABI itself is in docs/pod-abi.md, kube32/wasm/abi.py and sdk/c/k32.h.  Design
-notes and invariants live in the docstrings of runtime.py, pod.py, binary.py and host.py.
+notes and invariants live in the docstrings of engine.py, runtime.py, pod.py, hostcalls.py,
+binary.py, host.py and each engine module.
 """
 from .abi import (
     K32_E2BIG, K32_EAGAIN, K32_EBADF, K32_EINTERNAL, K32_EINVAL, K32_ENOENT, K32_ENOSPC,
     K32_ESTATE, K32_OK,
 )
+from .engine import DEFAULT_ENGINE, ENGINES, engine_class
 from .host import ChannelRegistry, Endpoint, HostServices
 from .pod import Pod
 from .runtime import Runtime
@@ -76,7 +87,7 @@ from .types import (
 )
 
 __all__ = [
-    "Runtime", "Module", "PodConfig", "HttpRequest", "HttpResponse", "Pod", "PodFrozen",
+    "ENGINES", "DEFAULT_ENGINE", "engine_class", "Runtime", "Module", "PodConfig", "HttpRequest", "HttpResponse", "Pod", "PodFrozen",
     "CallTimeout", "ChannelRegistry", "Endpoint", "HostServices", "ImageError", "PodError",
     "K32_OK", "K32_EINVAL", "K32_ENOENT", "K32_EBADF", "K32_EAGAIN", "K32_ENOSPC",
     "K32_ESTATE", "K32_E2BIG", "K32_EINTERNAL",

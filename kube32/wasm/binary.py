@@ -1,14 +1,18 @@
 """Reading and rewriting the WebAssembly binary format, as far as the pod runtime needs.
 
-The embedding API reaches a module's exports only, yet a snapshot must hold every
-mutable global (clang's hidden ``__stack_pointer`` above all) and every table.  The
-runtime therefore compiles a *rewritten* copy of each module whose export section
-lists, besides the original exports, reserved names for the hidden state:
+``parse`` gives what the runtime checks against the pod ABI and what a snapshot needs
+(mutable globals, tables, the functions tables may hold), and bounds what an engine
+would allocate for a module before it does (:data:`MAX_FUNCTION_LOCALS`).
+
+wasmtime's embedding API reaches a module's exports only, yet a snapshot must hold
+every mutable global (clang's hidden ``__stack_pointer`` above all) and every table.
+The wasmtime engine therefore compiles a *rewritten* copy of each module whose export
+section lists, besides the original exports, reserved names for the hidden state:
 
 - ``__k32_g<i>``: mutable global ``i`` (index in the module's global index space),
 - ``__k32_t<i>``: table ``i``,
 - ``__k32_f<i>``: function ``i`` when it can be put in a table (named by an element
-  segment); the runtime maps funcrefs to these to store tables as function indices,
+  segment); the engine maps funcrefs to these to store tables as function indices,
 - ``__k32_memory``: memory 0.
 
 Invariants: every section other than the export section is left byte-identical, so
@@ -24,8 +28,12 @@ RESERVED_PREFIX = "__k32_"
 MEMORY_EXPORT = "__k32_memory"
 
 SEC_TYPE, SEC_IMPORT, SEC_FUNCTION, SEC_TABLE, SEC_MEMORY = 1, 2, 3, 4, 5
-SEC_GLOBAL, SEC_EXPORT, SEC_START, SEC_ELEMENT, SEC_TAG = 6, 7, 8, 9, 13
+SEC_GLOBAL, SEC_EXPORT, SEC_START, SEC_ELEMENT, SEC_CODE, SEC_TAG = 6, 7, 8, 9, 10, 13
+# As wasmtime's: a function declaring more locals is refused before any engine
+# allocates them (a few bytes of LEB128 can declare billions).
+MAX_FUNCTION_LOCALS = 50_000
 KIND_FUNC, KIND_TABLE, KIND_MEMORY, KIND_GLOBAL = 0, 1, 2, 3
+I32, I64, F32, F64, FUNCREF = 0x7F, 0x7E, 0x7D, 0x7C, 0x70   # value types
 
 # Sections that must come before the export section (the binary format fixes the order).
 _BEFORE_EXPORT = {SEC_TYPE, SEC_IMPORT, SEC_FUNCTION, SEC_TABLE, SEC_MEMORY, SEC_TAG, SEC_GLOBAL}
@@ -193,6 +201,8 @@ def parse(data: bytes) -> ModuleInfo:
                 info.exports[name] = (kind, r.uleb())
         elif sid == SEC_ELEMENT:
             _parse_elements(r, info)
+        elif sid == SEC_CODE:
+            _check_locals(r)
     return info
 
 
@@ -267,6 +277,21 @@ def _parse_elements(r: _Reader, info: ModuleInfo) -> None:
                 r.const_expr(info.table_funcs)
         else:
             info.table_funcs.update(r.uleb() for _ in range(count))
+
+
+def _check_locals(r: _Reader) -> None:
+    for index in range(r.uleb()):
+        end = r.uleb()
+        end += r.pos
+        total = 0
+        for _ in range(r.uleb()):
+            total += r.uleb()
+            r.byte()                        # the value type
+            if total > MAX_FUNCTION_LOCALS:
+                raise BinaryError(f"function body {index} declares more than {MAX_FUNCTION_LOCALS} locals")
+        if end > r.end:
+            raise BinaryError(f"function body {index} runs past the end of the code section")
+        r.pos = end
 
 
 def _uleb_bytes(n: int) -> bytes:

@@ -1,29 +1,23 @@
-"""The engine of one kubelet: a wasmtime Engine with epoch interruption, a ticker
-thread that advances the epoch, the compiled-module cache, and the MOPS kernel.
+"""The runtime of one kubelet: its engine (engine.py: wasmtime or pwasm), the module
+cache, the pod ABI check, and the MOPS kernel.
 
 Invariants:
-- A Module's sha256 is the digest of the bytes it was loaded from; the code that
-  runs is the same module with reserved exports added (see binary.py).
-- Compiled code is cached by (digest, engine config tag), in memory and, with a
-  cache_dir, on disk as wasmtime's serialized form.  Serialized code is trusted
-  only because the cache directory is the kubelet's own.
-- FuncType objects belong to this Runtime's Engine; never share them across engines.
+- A Module's sha256 is the digest of the bytes it was loaded from; classification
+  against the ABI is the same for every engine (the engine only compiles).
+- One compile per digest: modules are cached in memory by digest, and the engine
+  may keep its compiled code on disk under cache_dir (its own business).
+- A Module belongs to the Runtime (engine) that loaded it.
 """
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from pathlib import Path
 
-import wasmtime
-
 from . import abi, binary
+from .engine import DEFAULT_ENGINE, create
 from .types import ImageError, Module
-
-EPOCH_TICK_S = 0.005
-CONFIG_TAG = f"wasmtime-{getattr(wasmtime, '__version__', 'x')}-epoch-v1"
 
 MOPS_KERNEL_WAT = """
 (module
@@ -38,48 +32,28 @@ MOPS_KERNEL_WAT = """
         (br_if $next (i32.lt_u (local.get $i) (local.get $n)))))
     (local.get $acc)))
 """
+# MOPS_KERNEL_WAT in the binary format (every engine reads this; the unit tests check
+# that it is the same module).
+MOPS_KERNEL_WASM = bytes.fromhex(
+    "0061736d0100000001060160017f017f030201000707010372756e00000a3d013b01037f41b9e0002102"
+    "024003402002418dcce5006c41dfe6bbe3036a210220032002410776732103200141016a210120012000"
+    "490d000b0b20030b0029046e616d65021101000400016e0101690201780303616363030f0100020004"
+    "646f6e6501046e657874")
 # mul, add, shr_u, xor, add, lt_u, br_if: the operations one iteration counts.
 MOPS_OPS_PER_ITERATION = 7
 
 
 class Runtime:
-    def __init__(self, cache_dir: Path | None = None) -> None:
-        config = wasmtime.Config()
-        config.epoch_interruption = True
-        self.engine = wasmtime.Engine(config)
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        if self.cache_dir is not None:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, cache_dir: Path | None = None, engine: str = DEFAULT_ENGINE) -> None:
+        """ValueError naming the engines when ``engine`` is none of them (or is not
+        available on this machine)."""
+        self.engine = create(engine, Path(cache_dir) if cache_dir is not None else None)
         self._modules: dict[str, Module] = {}
         self._building: dict[str, threading.Lock] = {}   # digest -> the lock of its one compile
         self._lock = threading.Lock()
-        self._functypes: dict[tuple, wasmtime.FuncType] = {}
-        self._closed = threading.Event()
-        self._ticker = threading.Thread(target=self._tick_epoch, name="k32-epoch", daemon=True)
-        self._ticker.start()
-
-    # -- epoch ------------------------------------------------------------------
-    def _tick_epoch(self) -> None:
-        while not self._closed.wait(EPOCH_TICK_S):
-            self.engine.increment_epoch()
-
-    def ticks_for_ms(self, ms: float) -> int:
-        return max(1, int(ms / (EPOCH_TICK_S * 1000)) + 1)
 
     def close(self) -> None:
-        self._closed.set()
-        self._ticker.join(timeout=1)
-
-    # -- types -------------------------------------------------------------------
-    def functype(self, params: tuple[int, ...], results: tuple[int, ...]) -> wasmtime.FuncType:
-        key = (params, results)
-        with self._lock:
-            ft = self._functypes.get(key)
-            if ft is None:
-                vt = {abi.I32: wasmtime.ValType.i32(), abi.I64: wasmtime.ValType.i64()}
-                ft = wasmtime.FuncType([vt[p] for p in params], [vt[r] for r in results])
-                self._functypes[key] = ft
-            return ft
+        self.engine.close()
 
     # -- loading -----------------------------------------------------------------
     def load(self, wasm: bytes, expected_sha256: str | None = None) -> Module:
@@ -103,7 +77,7 @@ class Runtime:
             except binary.BinaryError as exc:
                 raise ImageError(f"not a valid WebAssembly module: {exc}") from None
             kind, entry = classify(info)
-            compiled = self._compile(digest, wasm, info)
+            compiled = self.engine.compile(wasm, info, digest)
             module = Module(
                 sha256=digest, kind=kind, entry_point=entry,
                 exports=frozenset(info.exports), size=len(wasm),
@@ -113,36 +87,14 @@ class Runtime:
                 self._modules[digest] = module
             return module
 
-    def _compile(self, digest: str, wasm: bytes, info: binary.ModuleInfo) -> wasmtime.Module:
-        path = self.cache_dir / f"{digest}-{CONFIG_TAG}.cwasm" if self.cache_dir else None
-        if path is not None and path.exists():
-            try:
-                return wasmtime.Module.deserialize(self.engine, path.read_bytes())
-            except Exception:
-                path.unlink(missing_ok=True)   # stale or damaged: compile afresh
-        rewritten = binary.add_exports(wasm, binary.reserved_exports(info))
-        try:
-            compiled = wasmtime.Module(self.engine, rewritten)
-        except Exception as exc:
-            raise ImageError(f"module does not compile: {_first_line(exc)}") from None
-        if path is not None:
-            # A name of this writer's own: other processes may share the cache directory.
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(compiled.serialize())
-            tmp.replace(path)
-        return compiled
-
     # -- speed -------------------------------------------------------------------
     def measure_mops(self) -> float:
         """Run the fixed kernel for ~0.3 s; millions of i32 operations per second."""
-        store = wasmtime.Store(self.engine)
-        store.set_epoch_deadline(1 << 40)
-        module = wasmtime.Module(self.engine, wasmtime.wat2wasm(MOPS_KERNEL_WAT))
-        run = wasmtime.Instance(store, module, []).exports(store)["run"]
+        run = self.engine.kernel(MOPS_KERNEL_WASM)
         n = 1_000_000
         while True:
             start = time.perf_counter()
-            run(store, n)
+            run(n)
             elapsed = time.perf_counter() - start
             if elapsed >= 0.1 or n >= 1 << 30:
                 break
@@ -178,8 +130,3 @@ def classify(info: binary.ModuleInfo) -> tuple[str, str | None]:
     if any(e in info.exports for e in abi.REQUEST_EXPORTS):
         return "request", None
     raise ImageError("module exports none of k32_handle, k32_tick, k32_event, _start, app_main, main")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -31,9 +31,9 @@ class Module:
     entry_point: str | None          # _start / app_main / main for command pods
     exports: frozenset[str]          # the module's own exports (reserved ones excluded)
     size: int                        # bytes of the original module
-    compiled: Any = field(default=None, repr=False, compare=False)   # wasmtime.Module (rewritten)
+    compiled: Any = field(default=None, repr=False, compare=False)   # the engine's (Engine.compile)
     info: Any = field(default=None, repr=False, compare=False)       # binary.ModuleInfo
-    engine_id: int = field(default=0, repr=False, compare=False)
+    engine_id: int = field(default=0, repr=False, compare=False)     # id() of the engine that compiled it
 
 
 @dataclass(frozen=True)

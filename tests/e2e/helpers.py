@@ -1,6 +1,7 @@
 """Helpers shared by the end-to-end tests on a ``kube32-sim up`` cluster."""
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from kube32.client import Client
 from tests.conftest import ROOT, ControlPlane
 
 
@@ -39,3 +41,12 @@ def raw(cluster: ControlPlane, path: str) -> dict:
 def waiting_or_terminated(cluster: ControlPlane, name: str) -> dict:
     cs = (get_json(cluster, "pod", name).get("status") or {}).get("containerStatuses") or [{}]
     return cs[0]
+
+
+def api_call(cluster: ControlPlane, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    """One request through the API server with the admin's credentials: (status, headers, body)."""
+    async def go() -> tuple[int, dict[str, str], bytes]:
+        async with Client.from_kubeconfig(cluster.kubeconfig) as c:
+            async with c.request(method, path) as r:
+                return r.status, dict(r.headers), await r.read()
+    return asyncio.run(go())

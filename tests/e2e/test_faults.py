@@ -7,8 +7,8 @@ control-plane`` + ``kube32-sim worker``), so a test can SIGKILL one node or rest
 control plane alone on the same data directory and port.  Faults a process cannot be
 made to have from outside are test-only hooks: ``kube32-sim worker --fault
 hang-restores|truncate-restores|slow-snapshots`` and, in the control plane,
-``KUBE32_TEST_FAULTS=corrupt-stored-data`` for Checkpoints labelled
-``kube32.io/test-fault: corrupt-stored-data``.
+``KUBE32_TEST_FAULTS=corrupt-stored-data,hold-moving-status`` for Checkpoints labelled
+``kube32.io/test-fault: corrupt-stored-data`` (or ``hold-moving-status``: tests/e2e/test_rollbacks.py).
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class FaultCluster(ControlPlane):
         n = len(list(self.data_dir.glob("control-plane*.log")))
         self.proc = start(sim_command("control-plane", "--data-dir", str(self.data_dir), "--port", str(self.port),
                                       *CP_FLAGS), self.data_dir / f"control-plane{n}.log",
-                          env={"KUBE32_TEST_FAULTS": "corrupt-stored-data"})
+                          env={"KUBE32_TEST_FAULTS": "corrupt-stored-data,hold-moving-status"})
         wait_for(lambda: "listening on" in self.proc.output() or self.proc.popen.poll() is not None, 30,
                  what="the control plane to listen")
         assert self.proc.popen.poll() is None, self.proc.output()
@@ -204,7 +204,11 @@ def test_data_corrupted_in_storage_is_refused_and_the_pod_starts_afresh(cluster,
           "spec": {"podName": "rot", "action": "Move", "target": {"nodeName": "sim-2"}}}
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(ck))
     failed = the_checkpoint(cluster, "rot", "Failed", 60)
-    assert failed["status"]["message"] == f"rolled back to sim-1: {DAMAGED}"
+    assert failed["status"]["message"].startswith(f"rolled back to sim-1: {DAMAGED}")
+    # Once the restore on the source failed as well, the Checkpoint says so.
+    wait_for(lambda: get_json(cluster, "checkpoint", "rot-move")["status"]["message"] ==
+             f"rolled back to sim-1: {DAMAGED}; the restore on sim-1 failed too ({DAMAGED}): the pod started afresh",
+             30, what="the Checkpoint to say the pod started afresh")
     fresh = wait_for(lambda: (s := state(cluster, "rot")) and s["init_calls"] == 1 and s["restored_calls"] == 0
                      and s, 30, what="the pod to start afresh")
     assert fresh["requests"] == 1
@@ -389,14 +393,11 @@ def test_control_plane_restarted_while_moving_loses_the_data_and_the_pod_starts_
     status, _, _ = api_call(cluster, "GET", f"/apis/kube32.io/v1/namespaces/default/checkpoints/"
                                             f"{ck['metadata']['name']}/data")
     assert status == 404, "a control plane restart loses checkpoint data"
-    # Rolled back to the source, whose restore from the Checkpoint without data fails:
-    # the pod starts afresh, one pod all along.
-    # (The failed pod is replaced afresh under its name, or, as here when the ReplicaSet
-    # sees it Failed first, by a new pod of the Deployment.)
+    # Nothing to roll back without the data: the Checkpoint says so, and the pod starts
+    # afresh on its source under its name, one pod all along.
     failed = the_checkpoint(cluster, name, "Failed", 30)
-    assert "rolled back to sim-1" in failed["status"]["message"]
-    restore_errors = wait_for(lambda: events_of(cluster, name, "RestoreError"), 30, what="the RestoreError")
-    assert any("has no data (lost with a control plane restart" in e["message"] for e in restore_errors)
+    assert failed["status"]["message"].startswith("not rolled back, the pod starts afresh on sim-1: "), failed
+    assert "the checkpoint's data was lost when the control plane restarted" in failed["status"]["message"]
 
     def one_fresh_pod() -> dict | None:
         pods = [p for p in get_json(cluster, "pods", "-l", "app=amid")["items"]
@@ -405,6 +406,7 @@ def test_control_plane_restarted_while_moving_loses_the_data_and_the_pod_starts_
         cs = (pods[0].get("status") or {}).get("containerStatuses") or [{}]
         return pods[0] if cs[0].get("ready") else None
     pod = wait_for(one_fresh_pod, 40, what="one fresh pod, ready (none frozen)")
+    assert pod["metadata"]["name"] == name and pod["spec"]["nodeName"] == "sim-1"
     fresh = state(cluster, pod["metadata"]["name"])
     assert fresh["init_calls"] == 1 and fresh["restored_calls"] == 0 and fresh["requests"] == 1
     cluster.kubectl("delete", "deployment", "amid")
@@ -492,7 +494,7 @@ def test_events_while_frozen_eight_held_in_order_the_rest_dropped_and_counted(cl
     assert after["events"] == before["events"] + 8 and after["last_event"] == "greet:e8"
     dropped = wait_for(lambda: events_of(cluster, "ev", "EventsDropped"), 10, what="EventsDropped")
     assert sum(e["count"] for e in dropped) == 3 and dropped[0]["type"] == "Warning"
-    assert "a frozen pod holds at most 8 events" in dropped[0]["message"]
+    assert "at most 8 wait for a pod while it is frozen or moving" in dropped[0]["message"]
     cluster.kubectl("delete", "pod", "ev", "--wait=false")
 
 

@@ -3,7 +3,6 @@ endpoints", "What keeps a pod from moving"): real processes, real kubectl, the
 counter pod built from C."""
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -12,9 +11,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from kube32.client import Client
 from tests.conftest import ROOT, ControlPlane, sim_command, start, start_cluster, wait_for
-from tests.e2e.helpers import cli, get_json, push, raw
+from tests.e2e.helpers import api_call, cli, get_json, push, raw
 
 COUNTER = ROOT / "examples" / "pods" / "counter.wasm"
 CLOCK = ROOT / "examples" / "pods" / "clock.wasm"
@@ -65,14 +63,6 @@ def running(cluster: ControlPlane, name: str) -> dict:
 
 def state(cluster: ControlPlane, name: str) -> dict:
     return raw(cluster, f"/api/v1/namespaces/default/pods/{name}/proxy/")
-
-
-def api_call(cluster: ControlPlane, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
-    async def go() -> tuple[int, dict[str, str], bytes]:
-        async with Client.from_kubeconfig(cluster.kubeconfig) as c:
-            async with c.request(method, path) as r:
-                return r.status, dict(r.headers), await r.read()
-    return asyncio.run(go())
 
 
 def move(cluster: ControlPlane, pod: str, *args: str):

@@ -164,3 +164,102 @@ def test_the_controllers_own_write_is_seen_before_its_watch_event() -> None:
         assert api.calls == [("patch", "checkpoints")]
         assert api.objects[("checkpoints", "mv")]["status"]["phase"] == "Moving"
     asyncio.run(go())
+
+
+# --- rollbacks and restarts -------------------------------------------------------------------
+class ReplacingApi(FakeApi):
+    """FakeApi that also takes pod replacements (a new uid, the status reset)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replacements: list[dict] = []
+
+    async def post_subresource(self, kind: Any, name: str, sub: str, body: dict, ns: Any = None,
+                               params: Any = None) -> dict:
+        assert sub == "replacement"
+        self.replacements.append(body)
+        new = copy.deepcopy(body)
+        new["metadata"]["uid"] = f"u{len(self.replacements) + 2}"
+        return self.put("pods", new)
+
+
+READY_SOURCE = {"metadata": {"name": "sim-1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def failed_replacement(**container: Any) -> dict:
+    pod = running_replacement()
+    pod["metadata"]["annotations"] = {"kube32.io/restore-from": "mv"}
+    pod["status"] = {"phase": "Running", "containerStatuses": [{"name": "c", **container}]}
+    return pod
+
+
+def test_a_replacement_that_crash_loops_before_it_runs_rolls_back_at_once() -> None:
+    async def go() -> None:
+        api = ReplacingApi()
+        api.put("checkpoints", moving("0"))
+        pod = failed_replacement(state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 1s"}},
+                                 lastState={"terminated": {"reason": "Error", "message": "image x is no pod"}},
+                                 restartCount=1)
+        api.put("pods", pod)
+        ctl = controller(api)
+        ctl.pods.cache["default/web-1"] = pod
+        ctl.nodes.cache["sim-1"] = READY_SOURCE
+        await ctl.sync("default/mv")
+        st = api.objects[("checkpoints", "mv")]["status"]
+        assert st["phase"] == "Failed" and st["message"] == "rolled back to sim-1: image x is no pod", st
+        [back] = api.replacements
+        assert back["spec"]["nodeName"] == "sim-1" and back["metadata"]["annotations"]["kube32.io/restore-from"] == "mv"
+    asyncio.run(go())
+
+
+def test_a_rollback_without_the_data_starts_the_pod_afresh_and_says_so() -> None:
+    async def go() -> None:
+        api = ReplacingApi()
+        gone = {"type": "DataStored", "status": "False", "reason": "ControlPlaneRestarted",
+                "message": "the checkpoint's data was lost when the control plane restarted"}
+        api.put("checkpoints", moving("0", conditions=[gone]))
+        pod = failed_replacement(state={"terminated": {"reason": "RestoreError", "message": "no data"}})
+        pod["status"]["phase"] = "Failed"
+        api.put("pods", pod)
+        ctl = controller(api)
+        ctl.pods.cache["default/web-1"] = pod
+        ctl.nodes.cache["sim-1"] = READY_SOURCE
+        await ctl.sync("default/mv")
+        st = api.objects[("checkpoints", "mv")]["status"]
+        assert st["message"] == ("not rolled back, the pod starts afresh on sim-1: no data; "
+                                 "the checkpoint's data was lost when the control plane restarted"), st
+        [fresh] = api.replacements
+        assert fresh["spec"]["nodeName"] == "sim-1"
+        assert "kube32.io/restore-from" not in fresh["metadata"]["annotations"]
+    asyncio.run(go())
+
+
+def test_a_saving_move_found_after_a_restart_with_its_replacement_running_completes() -> None:
+    async def go() -> None:
+        api = ReplacingApi()
+        saving = copy.deepcopy(CK)
+        saving["status"] = {"phase": "Saving", "nodeName": "sim-1", "targetNode": "sim-2", "podUID": "u1"}
+        api.put("checkpoints", saving)
+        pod = running_replacement()
+        pod["metadata"]["annotations"] = {"kube32.io/restore-from": "mv"}
+        api.put("pods", pod)
+        ctl = controller(api)
+        await ctl.sync("default/mv")
+        st = api.objects[("checkpoints", "mv")]["status"]
+        assert st["phase"] == "Completed" and st["newPodUID"] == "u2" and "moveMillis" not in st, st
+        assert st["message"] == ("moved from sim-1 to sim-2; the time from the freeze is not known "
+                                 "(the control plane restarted during the move)")
+        assert ctl.recorder.events == ["Moved"] and not api.replacements
+    asyncio.run(go())
+
+
+def test_a_pod_that_failed_to_restore_still_counts_for_its_owner() -> None:
+    from kube32.controllers import podutil as pu
+    failed = copy.deepcopy(POD)
+    failed["status"] = {"phase": "Failed"}
+    assert not pu.is_active(failed)
+    failed["metadata"]["annotations"] = {"kube32.io/restore-from": "mv"}
+    assert pu.is_active(failed) and pu.awaits_replacement(failed)
+    assert pu.failure(failed) == "the pod failed"
+    assert pu.failure(failed_replacement(state={"running": {}})) is None
+    assert pu.failure(failed_replacement(state={"waiting": {}}, restartCount=2)) == "the container restarted"

@@ -13,13 +13,17 @@ import aiohttp
 from aiohttp import web
 
 from kube32.apiserver.auth import ADMIN, APISERVER, load_or_create_tokens
-from kube32.apiserver.checkpointdata import CheckpointDataAPI, CheckpointDataSpace
+from kube32.apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataAPI, CheckpointDataSpace, Pace
 from kube32.apiserver.resources import by_plural
 from kube32.apiserver.server import APIServer
 from kube32.snapshot import GlobalState, PodState, SnapshotWriter, VALTYPE_I32
 from kube32.store import SQLiteStore
 
 CKS = "/apis/kube32.io/v1/namespaces/default/checkpoints"
+
+
+def cks(ns: str) -> str:
+    return f"/apis/kube32.io/v1/namespaces/{ns}/checkpoints"
 CUT = -1
 
 
@@ -41,8 +45,9 @@ class Server:
     """An API server on a free loopback port, with the Checkpoint data subresource
     (``async with Server(tmp_path) as s``)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, capacity: int = SIM_CAPACITY, pace: Pace = Pace()) -> None:
         self.data_dir = data_dir
+        self.capacity, self.pace = capacity, pace
 
     async def __aenter__(self) -> "Server":
         await self.start(self.data_dir)
@@ -56,7 +61,8 @@ class Server:
         auth = load_or_create_tokens(data_dir)
         self.api = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER))
         await self.api.ensure_defaults()
-        CheckpointDataAPI(self.api, CheckpointDataSpace())
+        self.space = CheckpointDataSpace(self.capacity)
+        CheckpointDataAPI(self.api, self.space, self.pace)
         self.runner = web.AppRunner(self.api.app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -69,21 +75,28 @@ class Server:
         await self.store.close()
         await self.runner.cleanup()
 
-    async def checkpoint(self, name: str, phase: str) -> None:
+    async def checkpoint(self, name: str, phase: str, ns: str = "default", pod: str = "p",
+                         labels: dict[str, str] | None = None, **status: Any) -> None:
         res = by_plural("checkpoints")
-        await self.api.registry.create(res, "default", {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
-                                                        "metadata": {"name": name}, "spec": {"podName": "p"}})
+        if await self.api.registry.try_get(by_plural("namespaces"), None, ns) is None:
+            await self.api.registry.create(by_plural("namespaces"), None,
+                                           {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        await self.api.registry.create(res, ns, {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+                                                 "metadata": {"name": name, "labels": labels or {}},
+                                                 "spec": {"podName": pod}})
+        await self.set_phase(name, phase, ns, **status)
 
+    async def set_phase(self, name: str, phase: str, ns: str = "default", **status: Any) -> None:
         def set_phase(obj: dict[str, Any]) -> dict[str, Any]:
-            obj["status"] = {"phase": phase}
+            obj["status"] = {**(obj.get("status") or {}), "phase": phase, **status}
             return obj
-        await self.api.registry.mutate(res, "default", name, set_phase, subresource="status")
+        await self.api.registry.mutate(by_plural("checkpoints"), ns, name, set_phase, subresource="status")
 
-    async def get(self, name: str, wait: str | None = None) -> tuple[int, bytes]:
+    async def get(self, name: str, wait: str | None = None, ns: str = "default") -> tuple[int, bytes]:
         """(status, body); (CUT, b"") when the connection was cut mid-body."""
         params = {"waitSeconds": wait} if wait is not None else None
         try:
-            async with self.session.get(f"{self.url}{CKS}/{name}/data", params=params) as r:
+            async with self.session.get(f"{self.url}{cks(ns)}/{name}/data", params=params) as r:
                 return r.status, await r.read()
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
             return CUT, b""
@@ -95,10 +108,18 @@ class Server:
         assert not waiting.done(), "answered before any data came"
         return waiting
 
-    async def put(self, name: str, body: bytes) -> int:
-        async with self.session.put(f"{self.url}{CKS}/{name}/data", data=body,
-                                    headers={"Content-Type": "application/octet-stream"}) as r:
-            return r.status
+    async def put(self, name: str, body: bytes, ns: str = "default") -> int:
+        return (await self.put_answer(name, body, ns))[0]
+
+    async def put_answer(self, name: str, body: Any, ns: str = "default",
+                         size: int | None = None) -> tuple[int, dict[str, Any]]:
+        """(status, JSON answer) of a data PUT; ``body`` may be an async generator of
+        ``size`` bytes."""
+        headers = {"Content-Type": "application/octet-stream"}
+        if size is not None:
+            headers["Content-Length"] = str(size)
+        async with self.session.put(f"{self.url}{cks(ns)}/{name}/data", data=body, headers=headers) as r:
+            return r.status, await r.json()
 
 
 @in_loop

@@ -256,9 +256,62 @@ async def test_kubelets_key_pods_by_uid_across_a_replacement_and_delete(tmp_path
         await cp.stop()
 
 
+@in_loop
+async def test_a_pod_kept_by_a_finalizer_is_stopped_and_deleted_once(tmp_path: Path) -> None:
+    """The kubelet stops a pod marked for deletion once: while a finalizer keeps the object,
+    the node's later events (another pod changing) send no DELETE again, and the object
+    is not written again."""
+    cp = ControlPlane(ControlPlaneOptions(data_dir=tmp_path / "cp", port=0))
+    await cp.start()
+    assert cp.server is not None and cp.kubeconfig is not None
+    image = cp.server.images.put(COUNTER.read_bytes())["reference"]
+    admin = Client.from_kubeconfig(cp.kubeconfig)
+    kl = Kubelet(Client.from_kubeconfig(tmp_path / "cp" / "node.kubeconfig"),
+                 KubeletOptions(node_name="unit-f", interp_mops=1.0, lease_interval=0.2, status_interval=0.5))
+    deletes: list[str] = []
+    real_delete = kl.client.delete
+
+    async def counted(res, name, *args, **kwargs):
+        if res is PODS:
+            deletes.append(name)
+        return await real_delete(res, name, *args, **kwargs)
+    kl.client.delete = counted  # type: ignore[method-assign]
+    await kl.start()
+    try:
+        def pod(name: str, **md) -> dict:
+            return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", **md},
+                    "spec": {"nodeName": "unit-f", "containers": [{"name": "main", "image": image}]}}
+        kept = await admin.create(PODS, pod("kept", finalizers=["example.com/cleanup"]))
+        await admin.create(PODS, pod("other"))
+
+        async def both_run() -> bool:
+            return len(kl.workers) == 2 and all(w.started for w in kl.workers.values())
+        await _until(both_run, what="both pods running")
+        await admin.delete(PODS, "kept", "default")
+
+        async def stopped() -> bool:
+            return kept["metadata"]["uid"] not in kl.workers and deletes == ["kept"]
+        await _until(stopped, what="kept stopped and deleted by the kubelet")
+        rv = (await admin.get(PODS, "kept", "default"))["metadata"]["resourceVersion"]
+        for i in range(5):
+            await admin.patch(PODS, "other", {"metadata": {"labels": {"touch": str(i)}}}, "default")
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        assert deletes == ["kept"]
+        assert (await admin.get(PODS, "kept", "default"))["metadata"]["resourceVersion"] == rv
+        await admin.patch(PODS, "kept", {"metadata": {"finalizers": None}}, "default")
+        assert await admin.try_get(PODS, "kept", "default") is None
+    finally:
+        await kl.stop()
+        await kl.client.close()
+        await admin.close()
+        await cp.stop()
+
+
 def test_node_status_reports_memory_pressure_below_24_kib() -> None:
     from kube32.kubelet.node import NodeFacts, node_status
-    facts = NodeFacts("n", "127.0.0.1", 1, "cardputer", 320 << 10, 96 << 10, ("keyboard",), 8, False, 7.0, "b")
+    facts = NodeFacts("n", "127.0.0.1", 1, "cardputer", 320 << 10, 96 << 10, ("keyboard",), 8, False, 7.0, "b",
+                      "pwasm://0.2a0")
     conds = {c["type"]: c for c in node_status(facts, 20 << 10)["conditions"]}
     assert conds["MemoryPressure"]["status"] == "True" and conds["Ready"]["status"] == "True"
     status = node_status(facts, 200 << 10)

@@ -5,8 +5,9 @@ from fractions import Fraction
 
 import pytest
 
-from kube32.controllers.scheduler import (fit_error, node_selector_term_matches, parse_quantity, pick_node,
-                                          pod_requests, wants_scheduling)
+from kube32.controllers.scheduler import (fit_error, node_selector_term_matches, pick_node, pod_requests,
+                                          wants_scheduling)
+from kube32.quantity import parse_quantity
 
 
 def node(name: str, *, memory: str = "1Mi", pods: int = 10, ready: str = "True", labels: dict | None = None,

@@ -13,7 +13,7 @@ import wasmtime
 
 from kube32 import snapshot as k32s
 from kube32.wasm import (
-    CallTimeout, ChannelRegistry, HttpRequest, ImageError, Pod, PodConfig, PodError, PodFrozen, Runtime,
+    ENGINES, CallTimeout, ChannelRegistry, HttpRequest, ImageError, Pod, PodConfig, PodError, PodFrozen, Runtime,
 )
 
 PODS = Path(__file__).resolve().parents[2] / "examples" / "pods"
@@ -35,9 +35,9 @@ class FakeHost:
         return bytes(range(n))
 
 
-@pytest.fixture(scope="module")
-def rt():
-    runtime = Runtime()
+@pytest.fixture(scope="module", params=ENGINES)
+def rt(request):
+    runtime = Runtime(engine=request.param)
     yield runtime
     runtime.close()
 

@@ -1,7 +1,8 @@
 """The round trip the issue asks for, across two processes: a counter pod serves
 requests, ticks and gets events in a child process, is frozen with events held, and
 its snapshot streams over a real TCP socket straight into a fresh pod of a fresh
-Runtime in this process.  State, clock, channels and held events must continue."""
+Runtime in this process.  State, clock, channels and held events must continue - on
+every pair of engines, the same one on both sides or two different ones."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from kube32.wasm import ChannelRegistry, HttpRequest, Pod, PodConfig, Runtime
+import pytest
+
+from kube32.wasm import ENGINES, ChannelRegistry, HttpRequest, Pod, PodConfig, Runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 COUNTER = ROOT / "examples" / "pods" / "counter.wasm"
@@ -29,7 +32,7 @@ class Host:
 def get(pod):
     return json.loads(pod.handle(HttpRequest("GET", "/")).result(timeout=10).body)
 
-rt = Runtime()
+rt = Runtime(engine=sys.argv[3])
 module = rt.load(open(sys.argv[2], "rb").read())
 pod = Pod(rt, module, PodConfig("default", "counter", "main", {"HOSTNAME": "counter"}, ("news",), 5, {}, 1 << 20), Host())
 pod.start()
@@ -70,14 +73,16 @@ def get(pod) -> dict:
     return json.loads(pod.handle(HttpRequest("GET", "/")).result(timeout=10).body)
 
 
-def test_snapshot_in_one_process_restores_in_another():
+@pytest.mark.parametrize("source", ENGINES)
+@pytest.mark.parametrize("target", ENGINES)
+def test_snapshot_in_one_process_restores_in_another(source, target):
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(30)
     port = listener.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    child = subprocess.Popen([sys.executable, "-c", SOURCE_PROCESS, str(port), str(COUNTER)],
+    child = subprocess.Popen([sys.executable, "-c", SOURCE_PROCESS, str(port), str(COUNTER), source],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    rt = Runtime()
+    rt = Runtime(engine=target)
     host = Host()
     pod = Pod(rt, rt.load(COUNTER.read_bytes()),
               PodConfig("default", "counter", "main", {"HOSTNAME": "counter"}, ("news",), 5, {}, 1 << 20), host)

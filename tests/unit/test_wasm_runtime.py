@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import wasmtime
 
-from kube32.wasm import ImageError, Runtime, binary
+from kube32.wasm import ENGINES, ImageError, Runtime, binary
 
 PODS = Path(__file__).resolve().parents[2] / "examples" / "pods"
 
@@ -16,9 +16,9 @@ def pod_bytes(name: str) -> bytes:
     return (PODS / f"{name}.wasm").read_bytes()
 
 
-@pytest.fixture(scope="module")
-def rt():
-    runtime = Runtime()
+@pytest.fixture(scope="module", params=ENGINES)
+def rt(request):
+    runtime = Runtime(engine=request.param)
     yield runtime
     runtime.close()
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import meta
+from .. import checkpointstatus, meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
 
 PHASES = ("Pending", "Saving", "Saved", "Moving", "Completed", "Failed")
@@ -87,7 +87,9 @@ class CheckpointStrategy(Strategy):
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
         spec, st = obj.get("spec") or {}, obj.get("status") or {}
+        lost = checkpointstatus.gone(obj)  # its data is gone: SIZE says none, MESSAGE why
+        size = "<none>" if lost is not None else size_text(st.get("sizeBytes"))
+        message = "; ".join(m for m in (st.get("message"), (lost or {}).get("message")) if m)
         return [meta.name_of(obj), spec.get("podName", ""), spec.get("action", "Save"),
-                st.get("phase", "Pending"), st.get("nodeName") or "", size_text(st.get("sizeBytes")),
-                meta.age(obj), st.get("targetNode") or "", st.get("newPodName") or "",
-                st.get("message") or ""]
+                st.get("phase", "Pending"), st.get("nodeName") or "", size,
+                meta.age(obj), st.get("targetNode") or "", st.get("newPodName") or "", message]

@@ -41,7 +41,9 @@ class NodeStrategy(Strategy):
                Column("External-IP", priority=1, description="List of external IPs for the node."),
                Column("OS-Image", priority=1, description="OS image reported by the node."),
                Column("Kernel-Version", priority=1, description="Kernel version reported by the node."),
-               Column("Container-Runtime", priority=1, description="Container runtime and version.")]
+               Column("Container-Runtime", priority=1, description="Container runtime and version."),
+               # Not one of kubectl's: a Kube32 node's CPU matters (its engine runs on it).
+               Column("Architecture", priority=1, description="The CPU architecture reported by the node.")]
 
     def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
         return {"spec.unschedulable": str(bool((obj.get("spec") or {}).get("unschedulable"))).lower()}
@@ -53,4 +55,4 @@ class NodeStrategy(Strategy):
         return [meta.name_of(obj), node_status_text(obj), node_roles(obj), meta.age(obj),
                 info.get("kubeletVersion", ""), ip("InternalIP"), ip("ExternalIP"),
                 info.get("osImage", "<unknown>"), info.get("kernelVersion", "<unknown>"),
-                info.get("containerRuntimeVersion", "<unknown>")]
+                info.get("containerRuntimeVersion", "<unknown>"), info.get("architecture", "<unknown>")]

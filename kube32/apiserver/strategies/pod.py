@@ -5,7 +5,7 @@ from fractions import Fraction
 from typing import Any
 
 from ... import movability
-from ...quantity import QUANTITY_RULE, parse_quantity
+from ...quantity import QUANTITY_RULE, QuantityTooLarge, parse_quantity
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
 
@@ -78,6 +78,9 @@ def _resource_errors(resources: Any, field: str) -> list[tuple[str, str]]:
         for name, raw in values.items():
             try:
                 q = parse_quantity(raw)
+            except QuantityTooLarge as e:
+                errs.append((f"{field}.{kind}[{name}]", f'Invalid value: "{raw}": {e}'))
+                continue
             except ValueError:
                 errs.append((f"{field}.{kind}[{name}]", f'Invalid value: "{raw}": {QUANTITY_RULE}'))
                 continue

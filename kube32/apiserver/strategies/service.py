@@ -7,6 +7,8 @@ from typing import Any
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
 
+NODE_PORT_TYPES = ("NodePort", "LoadBalancer")   # Service types every node answers on a port
+
 
 def _ports_text(svc: dict[str, Any]) -> str:
     out = []
@@ -51,7 +53,7 @@ class ServiceStrategy(Strategy):
             if isinstance(p, dict):
                 p.setdefault("protocol", "TCP")
                 p.setdefault("targetPort", p.get("port"))
-                if spec["type"] in ("NodePort", "LoadBalancer") and not p.get("nodePort"):
+                if spec["type"] in NODE_PORT_TYPES and not p.get("nodePort"):
                     h = hashlib.sha256(f"{meta.namespace_of(obj)}/{meta.name_of(obj)}/{p.get('port')}".encode()).digest()
                     port = 30000 + int.from_bytes(h[:2], "big") % 2768
                     while port in used:

@@ -1,0 +1,32 @@
+"""How much one request may make the API server hold or do: the bounds every decoder,
+patch and write keeps (kube-apiserver's numbers where it has one).
+
+* ``MAX_BODY``: bytes of a request body (kube-apiserver's ``MaxRequestBodyBytes``).
+  A larger one is a 413 before it is read whole.
+* ``MAX_DECODED``: estimated bytes of a decoded body as JSON, every YAML alias and
+  merge key expanded: aliases cannot make a body bigger than a body may be.
+* ``MAX_DEPTH``: nesting levels of objects and arrays in a decoded body (and what a
+  JSON patch may build).  kube-apiserver's Go decoders stop at 10000; Kube32's are
+  Python, whose copy, compare and encode recurse, so the bound is lower, and still far
+  above any Kubernetes object (a Deployment's deepest field is about 12 levels down).
+* ``MAX_VALUES``: values (objects, arrays, strings, numbers, ...) in a decoded body or a
+  stored object.  A Kubernetes object near the size limit holds its bulk in strings;
+  a body of 3 MiB of ``1,1,1,...`` is 1.5 million values, and each pass over it
+  (copy, validate, encode) would hold the event loop for a quarter of a second.
+  With this bound no pass over one object costs more than a few tens of milliseconds.
+* ``MAX_OBJECT``: bytes of an object's stored JSON.  What the server keeps can always
+  be sent back as a body, and no write can grow an object without bound patch after
+  patch (each later read, copy and patch of it would cost more).
+* ``MAX_JSON_PATCH_OPERATIONS`` and ``JSON_PATCH_MAX_COPY_BYTES``: kube-apiserver's
+  ``maxJSONPatchOperations`` and ``JSONPatchMaxCopyBytes`` (the size a JSON patch's
+  ``copy`` operations may add, together).
+"""
+from __future__ import annotations
+
+MAX_BODY = 3 * 1024 * 1024
+MAX_DECODED = MAX_BODY
+MAX_DEPTH = 100
+MAX_VALUES = 200_000
+MAX_OBJECT = MAX_BODY
+MAX_JSON_PATCH_OPERATIONS = 10000
+JSON_PATCH_MAX_COPY_BYTES = MAX_BODY
