@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv pods bench clean
+.PHONY: demo test test-cross venv pods bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,12 @@ demo: $(STAMP)
 
 test: $(STAMP) pods
 	$(BIN)/python -m pytest -q -x --durations=15 $(PYTEST_ARGS)
+
+# Workers of other CPUs (arm64, armhf, s390x) under qemu-user join this machine's
+# control plane (tests/cross; root; the first run builds root filesystems into a cache).
+test-cross: $(STAMP) pods
+	$(BIN)/python -m tests.cross.rootfs
+	KUBE32_CROSS_REQUIRED=1 $(BIN)/python -m pytest -q -x --durations=10 tests/cross $(PYTEST_ARGS)
 
 bench: $(STAMP) pods
 	$(BIN)/python -m bench

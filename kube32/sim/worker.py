@@ -58,7 +58,9 @@ def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool 
     try:
         engine_class(engine)
     except ValueError as e:
-        raise SystemExit(f"kube32-sim: --engine: {e}") from None
+        whose = "" if args.engine else f" (the {prof.name} profile's)"
+        hint = "; --engine pwasm runs on any CPU" if engine != "pwasm" else ""
+        raise SystemExit(f"kube32-sim: --engine{whose}: {e}{hint}") from None
     return KubeletOptions(node_name=name, host=args.address, port=args.kubelet_port, profile=prof.name, heap_bytes=heap,
                           driver_bytes=prof.driver_bytes if not args.heap else min(prof.driver_bytes, heap // 4),
                           devices=devices, max_pods=prof.max_pods, interp_mops=args.interp_mops, engine=engine,

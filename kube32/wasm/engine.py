@@ -162,7 +162,7 @@ def engine_class(name: str) -> type[Engine]:
     module_name, class_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, RuntimeError, OSError) as exc:  # wasmtime raises RuntimeError on a CPU it has no build for
         raise ValueError(f'engine "{name}" is not available on this machine: {exc}') from None
     return getattr(module, class_name)
 
