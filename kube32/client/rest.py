@@ -144,6 +144,11 @@ class Client:
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise ApiError(0, "ConnectionError", f"cannot reach the API server: {e}") from None
 
+    async def post_json(self, path: str, body: Any, timeout: float | None = 30) -> Obj:
+        """POST a JSON body to a path outside the kinds' verbs (a TokenReview, a node's
+        join) and decode the answer; ApiError as the verbs raise it."""
+        return await self._json("POST", path, body=body, timeout=timeout)
+
     async def _json(self, method: str, path: str, *, params: dict | None = None,
                     body: Any = None, content_type: str = "application/json",
                     timeout: float | None = 30) -> Obj:

@@ -4,8 +4,10 @@
     kl = Kubelet(client, KubeletOptions(node_name="sim-1", port=0, heap_bytes=8 << 20))
     await kl.start(); ...; await kl.stop()
 
-``kl.port`` is the endpoint's port once started; ``kl.pod_frozen_changed(uid)`` is
-the hook freeze/thaw calls so Ready is written at once.
+``kl.port`` is the endpoint's port once started.  The parts - one PodWorker per pod
+(pods.py), the move prefetch (prefetch.py), restores (restore.py), NodePorts
+(nodeports.py), the endpoint (server.py, migration.py) - take the node as the protocols
+of nodeapi.py and agent.py, never the Kubelet; kubelet.py imports them all.
 """
 from .kubelet import Kubelet, KubeletOptions
 

@@ -20,12 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..client import NODES, PODS, ApiError, Client
-
-if TYPE_CHECKING:
-    from .kubelet import Kubelet
+from .agent import NodeAgent
 
 log = logging.getLogger("kube32.kubelet.drain")
 LEFT = "kube32.io/left"
@@ -38,7 +36,7 @@ def _daemon_pod(pod: dict[str, Any]) -> bool:
     return any(r.get("kind") == "DaemonSet" for r in (pod["metadata"].get("ownerReferences") or []))
 
 
-async def _evicted(kl: "Kubelet", uid: str, pod: dict) -> bool:
+async def _evicted(kl: NodeAgent, uid: str, pod: dict) -> bool:
     """Evict one pod; False when a budget refused (429: to be asked again)."""
     md = pod["metadata"]
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
@@ -98,7 +96,7 @@ async def rejoin(client: Client, name: str) -> None:
         log.warning("cannot undo the drain of %s: %s", name, e)
 
 
-async def drain_self(kl: "Kubelet", timeout: float = DRAIN_SECONDS) -> list[str]:
+async def drain_self(kl: NodeAgent, timeout: float = DRAIN_SECONDS) -> list[str]:
     """Cordon, mark left, evict, wait; returns the pods still here when the time ran out."""
     name = kl.options.node_name
     deadline = time.monotonic() + timeout
@@ -106,7 +104,7 @@ async def drain_self(kl: "Kubelet", timeout: float = DRAIN_SECONDS) -> list[str]
         await _patch_node(kl.client, name, _leaving)
     except ApiError as e:
         log.warning("cannot cordon %s: %s", name, e)
-    leaving = {p["metadata"]["uid"]: p for p in kl.informer.list()
+    leaving = {p["metadata"]["uid"]: p for p in kl.bound_pods()
                if not _daemon_pod(p) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
     pending = leaving
     while pending and time.monotonic() < deadline:
@@ -117,9 +115,9 @@ async def drain_self(kl: "Kubelet", timeout: float = DRAIN_SECONDS) -> list[str]
         if pending:
             await asyncio.sleep(1.0)
     while time.monotonic() < deadline:
-        here = {p["metadata"]["uid"] for p in kl.informer.list()}
+        here = {p["metadata"]["uid"] for p in kl.bound_pods()}
         if not (here & set(leaving)):
             return []
         await asyncio.sleep(0.1)
-    here = {p["metadata"]["uid"]: p for p in kl.informer.list()}
-    return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for u, p in here.items() if u in leaving]
+    still = {p["metadata"]["uid"]: p for p in kl.bound_pods()}
+    return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for u, p in still.items() if u in leaving]

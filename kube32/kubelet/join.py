@@ -71,7 +71,7 @@ async def join(client: Client, node: str, hosts: list[str], *, serving_cert: boo
     key_pem, csr_pem = make_csr(node, hosts) if serving_cert else (b"", b"")
     body = {"csr": csr_pem.decode()} if serving_cert else {}
     try:
-        out = await client._json("POST", f"/apis/kube32.io/v1/nodecredentials/{node}", body=body)
+        out = await client.post_json(f"/apis/kube32.io/v1/nodecredentials/{node}", body)
     except ApiError as e:
         raise ApiError(e.code, e.reason, f"node {node} could not join the cluster: {e.message}") from None
     await client.close()            # the next session carries the node's own token

@@ -17,9 +17,15 @@ Invariants:
   grace 0 and a UID precondition, so a replacement of the same name is never
   deleted.  That happens once per UID: a pod that stays (its finalizers pending)
   is not deleted again (a DELETE that failed otherwise is tried at the next event).
-* The kubelet is the pods' HostServices: logs go to the worker's ring buffer,
-  publishes go to the API server's topic bus (so pods on every node hear them), and
-  one ChannelRegistry serves the node's pods.
+* The Kubelet ties its parts to the cluster and owns none of their state: a
+  :class:`~.pods.PodWorker` per pod (its container, status and freeze state), the move
+  prefetch (:class:`~.prefetch.Prefetcher`, the workers' source of restore plans), the
+  NodePort listeners.  They reach the node through :class:`~.nodeapi.NodeServices`, which
+  the Kubelet implements; the endpoint and the drain through :class:`~.agent.NodeAgent`
+  (the node with its pods).  No part imports this module.
+* Each pod instance has a :class:`~.podhost.PodHost` of its own: logs go to its worker's
+  ring buffer, publishes go to the API server's topic bus (so pods on every node hear
+  them), and one ChannelRegistry serves the node's pods.
 * Free heap = heap - drivers' share - the linear memories of the node's pods.
 * Admission, as Kubernetes' kubelet admits: a pod bound here that would push the
   node's active pods' requests past its allocatable (memory, pod count, devices:
@@ -37,9 +43,7 @@ import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Coroutine, Iterable
 
 from aiohttp import web
 
@@ -56,47 +60,19 @@ from . import node as nodeinfo
 from . import join as node_join
 from . import migration
 from .images import ImagePuller, expected_digest
+from .nodeapi import KubeletOptions
 from .nodeports import NodePorts
+from .podhost import PodHost
 from .podspec import pod_config
 from .pods import PodWorker
 from .prefetch import Prefetcher
 from .server import build_app, server_ssl
 
+__all__ = ["Kubelet", "KubeletOptions"]
+
 log = logging.getLogger("kube32.kubelet")
 
-FROZEN_REPORT_DELAY = 0.15  # s: a frozen pod shows Ready=False this late at most (spec: within 2 s)
 MOVED_AWAY_SECONDS = 10.0  # s: requests for a pod that moved away answer 503 + Retry-After this long
-
-
-@dataclass(frozen=True)
-class KubeletOptions:
-    node_name: str
-    host: str = "127.0.0.1"
-    port: int = 0
-    profile: str = "laptop"
-    heap_bytes: int = 512 << 20
-    driver_bytes: int = 0                # the heap drivers hold (display, SD, ...)
-    devices: tuple[str, ...] = ()
-    max_pods: int = 110
-    interp_mops: float | None = None     # None: measure at boot (on the engine below)
-    engine: str = "wasmtime"             # the Wasm engine: kube32.wasm.ENGINES
-    control_plane: bool = False
-    lease_interval: float = 10.0
-    lease_duration: int = 40
-    status_interval: float = 10.0
-    backoff_base: float = 10.0
-    backoff_max: float = 300.0
-    # A call that runs longer is ended (the pod fails and restarts per its policy).  Longer
-    # than the longest freeze a checkpoint may wait (timeoutMs up to 60 s): a freeze that
-    # gives up answers 504 and the pod keeps running, as the spec promises.
-    call_timeout_ms: int = 120000
-    log_lines: int = 1000
-    frozen_max_seconds: float = 300.0    # a pod frozen for a move that never finished thaws
-    faults: tuple[str, ...] = ()         # injected faults (kube32.kubelet.migration.FAULTS), for tests
-    data_dir: Path | None = None         # image and compiled-code caches
-    extra_labels: dict[str, str] = field(default_factory=dict)
-    join: bool = True                    # trade the client's bootstrap token for the node's own (kubelet.join)
-    insecure_http: bool = False          # serve the endpoint over plain HTTP (debugging only)
 
 
 class Kubelet:
@@ -113,7 +89,6 @@ class Kubelet:
         self.events = EventRecorder(client, "kubelet", options.node_name)
         self.channels = ChannelRegistry()
         self.workers: dict[str, PodWorker] = {}        # uid -> worker
-        self.instances: dict[int, PodWorker] = {}      # id(Pod) -> worker (HostServices lookups)
         self.informer = Informer(client, PODS, field_selector=f"spec.nodeName={options.node_name}")
         self.nodeports = NodePorts(self)
         self.prefetch = Prefetcher(self)  # moves toward this node: their data asked for early
@@ -160,7 +135,7 @@ class Kubelet:
         await self._runner.setup()
         site = web.TCPSite(self._runner, o.host, o.port, reuse_address=True, ssl_context=ssl_ctx)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = self._runner.addresses[0][1]
         self.facts = nodeinfo.NodeFacts(o.node_name, self.ip, self.port, o.profile, o.heap_bytes,
                                         o.driver_bytes, tuple(o.devices), o.max_pods, o.control_plane,
                                         self.interp_mops, str(uuid.uuid4()),
@@ -213,7 +188,10 @@ class Kubelet:
         """The PodConfig this node runs ``pod`` with (ConfigError when it cannot)."""
         return await pod_config(self.client, pod, self.ip, self.options.call_timeout_ms)
 
-    def within_heap(self, config: PodConfig) -> PodConfig:
+    def new_instance(self, module: Module, config: PodConfig) -> Pod:
+        return Pod(self.runtime, module, self._within_heap(config), PodHost(self.channels, self._publish_soon))
+
+    def _within_heap(self, config: PodConfig) -> PodConfig:
         """A pod's linear memory comes out of the node's heap: it may not grow past what
         is free (a board has no more), whatever its own limit says."""
         free = self.free_heap()
@@ -228,6 +206,9 @@ class Kubelet:
 
     def node_changed(self) -> None:
         self._node_dirty.set()
+
+    def bound_pods(self) -> list[dict[str, Any]]:
+        return self.informer.list()
 
     async def _register(self) -> None:
         assert self.facts is not None
@@ -288,10 +269,10 @@ class Kubelet:
     def worker_by_name(self, ns: str, name: str) -> PodWorker | None:
         found = [w for w in self.workers.values() if w.namespace == ns and w.name == name]
         live = [w for w in found if not w.terminating]
-        return (live or found or [None])[0]
+        return (live or found)[0] if found else None
 
     def _reconcile(self) -> None:
-        pods = sorted(self.informer.list(), key=lambda p: (p["metadata"].get("creationTimestamp", ""),
+        pods = sorted(self.bound_pods(), key=lambda p: (p["metadata"].get("creationTimestamp", ""),
                                                            p["metadata"]["name"]))
         desired = {p["metadata"]["uid"]: p for p in pods}
         self._rejected &= desired.keys()
@@ -299,25 +280,25 @@ class Kubelet:
         for uid, worker in list(self.workers.items()):
             if uid not in desired and uid not in self._stopping:
                 self._stopping.add(uid)
-                self._spawn(self._stop_worker(worker))
+                self.spawn(self._stop_worker(worker))
         for uid, pod in desired.items():
-            worker = self.workers.get(uid)
+            existing = self.workers.get(uid)
             if pod["metadata"].get("deletionTimestamp"):
                 # Stopped once: a pod that stays (a finalizer pending) is not deleted again
                 # at every event of this node's pods.
                 if uid not in self._stopping and uid not in self._terminated:
                     self._stopping.add(uid)
-                    self._spawn(self._terminate(pod, worker))
-            elif worker is not None:
-                worker.update(pod)
+                    self.spawn(self._terminate(pod, existing))
+            elif existing is not None:
+                existing.update(pod)
             elif ((pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
                   and uid not in self._stopping and uid not in self._rejected):
                 refusal = self._admission(pod)
                 if refusal is None:
-                    self.workers[uid] = PodWorker(self, pod)
+                    self.workers[uid] = PodWorker(self, self.prefetch, pod)
                 else:
                     self._rejected.add(uid)
-                    self._spawn(self._reject(pod, *refusal))
+                    self.spawn(self._reject(pod, *refusal))
 
     def _admission(self, pod: dict[str, Any]) -> tuple[str, str] | None:
         """Why this node cannot run ``pod`` next to its active pods, as (reason, message)
@@ -349,13 +330,12 @@ class Kubelet:
             log.warning("cannot mark pod %s/%s rejected: %s", md["namespace"], md["name"], e)
         await self.events.record(pod, "Warning", reason, message)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     async def _stop_worker(self, worker: PodWorker) -> None:
-        worker.terminating = True
         left_frozen = worker.frozen_since is not None
         try:
             await worker.stop()
@@ -381,7 +361,6 @@ class Kubelet:
     async def _terminate(self, pod: dict[str, Any], worker: PodWorker | None) -> None:
         md = pod["metadata"]
         if worker is not None:
-            worker.terminating = True
             await worker.stop()
             self.workers.pop(worker.uid, None)
             self.node_changed()
@@ -396,33 +375,10 @@ class Kubelet:
         finally:
             self._stopping.discard(md["uid"])
 
-    def pod_frozen_changed(self, uid: str) -> None:
-        """Hook for freeze/thaw: a thaw's Ready=True is written at once; a freeze's
-        Ready=False after FROZEN_REPORT_DELAY (the spec allows 2 s).  A move's source pod
-        is usually replaced by then, so the write is not made at all instead of competing
-        with the move's own requests; a request routed to the frozen pod meanwhile gets
-        503 with Retry-After, before the replacement and after it (moved_away_lately)."""
-        worker = self.workers.get(uid)
-        if worker is None:
-            return
-        inst = worker.instance
-        if inst is not None and inst.frozen:
-            asyncio.get_running_loop().call_later(FROZEN_REPORT_DELAY, worker.changed)
-        else:
-            worker.changed()
-
-    # --- HostServices (called on pod threads) -------------------------------------------
-    def log(self, pod: Pod, line: str) -> None:
-        worker = self.instances.get(id(pod))
-        if worker is not None:
-            worker.logs.append(line, worker.restart_count)
-
-    def publish(self, pod: Pod, topic: str, payload: bytes) -> None:
-        worker = self.instances.get(id(pod))
-        source = f"pod/{worker.uid}" if worker is not None else ""
+    def _publish_soon(self, ns: str, topic: str, payload: bytes, source: str) -> None:
+        """A pod's publish, from its thread (kube32.kubelet.podhost)."""
         assert self.loop is not None
-        self.loop.call_soon_threadsafe(
-            lambda: self._spawn(self.publish_async(pod.config.namespace, topic, payload, source)))
+        self.loop.call_soon_threadsafe(lambda: self.spawn(self.publish_async(ns, topic, payload, source)))
 
     # --- topics ------------------------------------------------------------------------
     async def publish_async(self, ns: str, topic: str, payload: bytes, source: str = "") -> None:
@@ -453,7 +409,7 @@ class Kubelet:
             n += 1
         return n
 
-    def count_dropped(self, worker: Any, count: int) -> None:
+    def count_dropped(self, worker: PodWorker, count: int) -> None:
         """``count`` events for the pod were dropped (at most 8 wait for a frozen or moving
         pod, 1024 for a running one): they show as the pod's Warning event EventsDropped,
         whose count (``kubectl get events``, ``kubectl describe pod``) is the number dropped."""
@@ -466,7 +422,7 @@ class Kubelet:
                     worker.pod, "Warning", "EventsDropped",
                     f"Events for the pod were dropped: at most {MAX_HELD_EVENTS} wait for a pod while it is "
                     f"frozen or moving, {MAX_QUEUED_EVENTS} while it runs (the count is the number dropped)", count)
-        self._spawn(record())
+        self.spawn(record())
 
     async def topics_read(self, seq: int, timeout: float) -> bool:
         """Wait until the topic line ``seq`` has been read (every event published before it

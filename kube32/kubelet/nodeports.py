@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
@@ -30,9 +30,7 @@ from aiohttp import web
 
 from .. import serving, urlpath
 from ..client import SERVICES, Client, Informer
-
-if TYPE_CHECKING:
-    from .kubelet import Kubelet
+from .nodeapi import NodeServices
 
 log = logging.getLogger("kube32.kubelet.nodeports")
 HOP = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "content-length", "authorization"})
@@ -49,7 +47,7 @@ def node_ports(svc: dict[str, Any]) -> dict[int, tuple[str, str, int]]:
 
 
 class NodePorts:
-    def __init__(self, kubelet: "Kubelet") -> None:
+    def __init__(self, kubelet: NodeServices) -> None:
         self.kl = kubelet
         self.informer = Informer(kubelet.client, SERVICES)
         self.listeners: dict[int, tuple[tuple[str, str, int], web.AppRunner]] = {}
@@ -57,7 +55,7 @@ class NodePorts:
         self._client: Client | None = None   # made at the first request: after the join set the token
 
     def start(self) -> asyncio.Task:
-        self.informer.add_handler(lambda *_: self.kl._spawn(self.reconcile()))
+        self.informer.add_handler(lambda *_: self.kl.spawn(self.reconcile()))
         return self.informer.start()
 
     async def stop(self) -> None:

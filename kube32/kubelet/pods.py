@@ -26,10 +26,20 @@ image (kube32.controllers.imagecheck).  ``status.containerStatuses[].image`` is 
 image of the container that runs.
 
 A pod with ``kube32.io/restore-from`` restores instead of step 3 (never restarted when
-that fails: ``RestoreError``).  A move's replacement usually finds its restore begun by
-the node's prefetch (kube32.kubelet.prefetch): it then takes the prepared module and
-instance, and only finishes the restore when the image and the config it builds in
-step 2 are the ones prepared.
+that fails: ``RestoreError``).  Its first start takes a :class:`~.restore.RestorePlan` from
+the node's :class:`~.restore.RestoreSource` (the move's prefetch, kube32.kubelet.prefetch):
+the restore the prefetch began before this pod existed, or a fetch of the data by the
+plan itself; the worker runs the plan's steps the same way whichever it is.
+
+A worker owns its container's freeze state (a checkpoint freezes it:
+kube32.kubelet.migration): :meth:`PodWorker.freeze` and :meth:`PodWorker.thaw`,
+:attr:`PodWorker.frozen_since`, and the snapshot's digest kept for one frozen state
+(:meth:`PodWorker.snapshot_digest`).  Ready turns False once a freeze is reported
+(:data:`FROZEN_REPORT_DELAY`) and True at once on a thaw.
+
+The worker reaches its node only through :class:`~.nodeapi.NodeServices`; each instance
+it runs has a :class:`~.podhost.PodHost` of its own, which the worker owns while it runs
+the instance (the pod's log lines go to :attr:`PodWorker.logs`).
 
 Status is written as Kubernetes' kubelet writes it, through ``pods/<name>/status``
 with a JSON patch whose first operation tests ``metadata.uid``: a status write can
@@ -41,25 +51,26 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from typing import TYPE_CHECKING, Any
+import time
+from typing import Any
 
 from ..aio import wait_set
 from ..client import PODS, ApiError
 from ..movability import RESTORE_FROM
-from ..wasm import ImageError, Pod, PodError
+from ..snapshot import HeldEvent
+from ..wasm import ImageError, Module, Pod, PodConfig, PodError
 from .images import PullError
 from .logs import LogBuffer
-from .migration import CRASH_RESTORES_MESSAGE, DataRequest, RestoreError, finish, restore
+from .nodeapi import NodeServices
+from .podhost import host_of
 from .podspec import ConfigError
-
-if TYPE_CHECKING:
-    from .kubelet import Kubelet
-    from .prefetch import Prepared
+from .restore import CRASH_RESTORES_MESSAGE, RestoreError, RestorePlan, RestoreSource
 
 log = logging.getLogger("kube32.kubelet.pods")
 
 FIRST_REPORT_GRACE = 0.05  # s
 FROZEN_RESTART_POLL = 0.2  # s: how often a frozen container whose image changed looks for its thaw
+FROZEN_REPORT_DELAY = 0.15  # s: a frozen pod shows Ready=False this late at most (spec: within 2 s)
 STARTED_EVENT_WAIT = 1.0  # s: the Started event waits this long at most for the Running status
 
 
@@ -68,8 +79,9 @@ def now() -> str:
 
 
 class PodWorker:
-    def __init__(self, kubelet: "Kubelet", pod: dict[str, Any]) -> None:
-        self.kl = kubelet
+    def __init__(self, node: NodeServices, restores: RestoreSource, pod: dict[str, Any]) -> None:
+        self.node = node
+        self.restores = restores
         self.pod = pod
         md = pod["metadata"]
         self.uid: str = md["uid"]
@@ -78,7 +90,7 @@ class PodWorker:
         self.container: str = (pod["spec"].get("containers") or [{}])[0].get("name", "main")
         self.image: str = self._spec_image()  # the image of the container that runs (or starts)
         self._respec = asyncio.Event()  # the pod's image is no longer self.image
-        self.logs = LogBuffer(asyncio.get_running_loop(), kubelet.options.log_lines)
+        self.logs = LogBuffer(asyncio.get_running_loop(), node.options.log_lines)
         self.instance: Pod | None = None
         self.restart_count = 0
         self.state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
@@ -87,19 +99,16 @@ class PodWorker:
         self.phase = "Pending"
         self.start_time = now()
         self.started = False
-        self.terminating = False
+        self._terminating = False
         self._transitions: dict[str, tuple[str, str]] = {}
         self._written: Any = None
         self._dirty = asyncio.Event()
         self._reported = asyncio.Event()  # set by each status write
         self._created = asyncio.Event()  # the container left ContainerCreating (started, failed...)
-        self._exit: asyncio.Future | None = None
         self._pull_failures = 0
         self._restore_tried = False
-        self._data_request: DataRequest | None = None  # a restore's data GET, sent ahead
-        self._prepared: Prepared | None = None  # a restore the move's prefetch began, not yet used
-        self.frozen_since: float | None = None     # monotonic time a checkpoint froze it
-        self.snapshot_digest: tuple[Any, str] | None = None  # (frozen state, trailer hex)
+        self._frozen_since: float | None = None     # monotonic time a checkpoint froze it
+        self._digest: tuple[Any, str] | None = None  # ((frozen_since, held events), trailer hex)
         self._task = asyncio.create_task(self._run(), name=f"pod {self.namespace}/{self.name}")
         self._status_task = asyncio.create_task(self._status_loop(), name=f"status {self.namespace}/{self.name}")
         self.changed()
@@ -115,6 +124,11 @@ class PodWorker:
         return ("running" in self.state and inst is not None and not inst.frozen
                 and inst.state in ("running", "starting"))
 
+    @property
+    def terminating(self) -> bool:
+        """The worker is stopping (:meth:`stop`): its pod left the node or is being deleted."""
+        return self._terminating
+
     def _spec_image(self) -> str:
         return (self.pod["spec"].get("containers") or [{}])[0].get("image", "")
 
@@ -128,10 +142,10 @@ class PodWorker:
         if (self.state.get("waiting") or {}).get("reason") != "ContainerCreating":
             self._created.set()
         self._dirty.set()
-        self.kl.node_changed()
+        self.node.node_changed()
 
     async def _run(self) -> None:
-        backoff = self.kl.options.backoff_base
+        backoff = self.node.options.backoff_base
         try:
             while True:
                 outcome = await self._attempt()
@@ -140,7 +154,7 @@ class PodWorker:
                 if outcome == "respec" or self._respec.is_set():
                     continue  # a new image starts at once, with no back-off of the old one's
                 delay = backoff
-                backoff = min(backoff * 2, self.kl.options.backoff_max)
+                backoff = min(backoff * 2, self.node.options.backoff_max)
                 if outcome == "crash":
                     self.state = {"waiting": {"reason": "CrashLoopBackOff", "message":
                                   f"back-off {delay:g}s restarting failed container={self.container} "
@@ -156,32 +170,79 @@ class PodWorker:
             self.changed()
 
     async def _attempt(self) -> str:
-        """One try at running the container: "done", "retry" (pull/config) or "crash"."""
-        try:
-            return await self._attempt_once()
-        finally:
-            if self._data_request is not None:
-                request, self._data_request = self._data_request, None
-                await request.close()
-            if self._prepared is not None:
-                prepared, self._prepared = self._prepared, None
-                self.kl.prefetch.discard(prepared)
-
-    async def _attempt_once(self) -> str:
+        """One try at running the container: "done", "retry" (pull/config), "crash" or
+        "respec" (the image changed while it ran)."""
         self._respec.clear()
         self.image = self._spec_image()
-        ann = self.pod["metadata"].get("annotations") or {}
-        wanted = None if self._restore_tried else self._restore_annotation()
-        # A move toward this node began its restore before this pod existed (kube32.kubelet.prefetch).
-        begun = self.kl.prefetch.take(self.namespace, wanted) if wanted else None
-        self._prepared = await begun if begun is not None else None
+        plan = await self._restore_plan()
         try:
-            if wanted and "crash-restores" in self.kl.options.faults:
+            return await self._attempt_with(plan)
+        finally:
+            if plan is not None:
+                await plan.close()
+
+    async def _restore_plan(self) -> RestorePlan | None:
+        """How this start restores; None: it starts afresh with k32_init.  Only the first
+        start of this pod restores (a start that failed before its restore began tries
+        again); a container that restarts later starts afresh."""
+        checkpoint = None if self._restore_tried else \
+            (self.pod["metadata"].get("annotations") or {}).get(RESTORE_FROM)
+        return await self.restores.plan(self.namespace, checkpoint) if checkpoint else None
+
+    async def _attempt_with(self, plan: RestorePlan | None) -> str:
+        module = await self._module(plan)
+        if isinstance(module, str):
+            return module
+        if plan is not None:
+            plan.fetch_early()
+        config = await self._config()
+        if config is None:
+            return "retry"
+        try:
+            instance = plan.instance(self.image, module, config) if plan is not None else \
+                self.node.new_instance(module, config)
+        except PodError as e:
+            return self._crashed(str(e))
+        exit_future = self._take(instance)
+        started_at = now()
+        self.phase = "Running"
+        try:
+            await self._start(instance, plan)
+        except RestoreError as e:
+            # Not restarted: a second try would start the pod afresh, losing the state.
+            self._forget_instance()
+            self._terminated(1, "RestoreError", str(e), started_at)
+            self.phase = "Failed"
+            self.changed()
+            await self.node.events.record(self.pod, "Warning", "RestoreError", str(e))
+            return "done"
+        except PodError as e:
+            self._forget_instance()
+            return self._crashed(str(e), started_at)
+        await self._report_started(f" (restored from checkpoint {plan.checkpoint})" if plan is not None else "",
+                                   started_at)
+        ended = await self._until_exit(exit_future)
+        if ended is None:
+            return await self._restart_for_new_image(instance, started_at)
+        return self._ended(*ended, started_at)
+
+    async def _start(self, instance: Pod, plan: RestorePlan | None) -> None:
+        """k32_init, or the plan's restore (PodError, RestoreError)."""
+        if plan is None:
+            await asyncio.to_thread(instance.start)
+            return
+        self._restore_tried = True
+        await plan.restore(instance)
+
+    async def _module(self, plan: RestorePlan | None) -> Module | str:
+        """The module of the pod's image (the plan's when prepared for it), or the attempt's
+        outcome when there is none."""
+        try:
+            if plan is not None and "crash-restores" in self.node.options.faults:
                 raise ImageError(CRASH_RESTORES_MESSAGE)
-            if self._prepared is not None and self._prepared.image == self.image:
-                module = self._prepared.module
-            else:
-                module = await self.kl.load_module(self.image, ann)
+            module = plan.module_for(self.image) if plan is not None else None
+            if module is None:
+                module = await self.node.load_module(self.image, self.pod["metadata"].get("annotations") or {})
         except (PullError, ImageError) as e:
             if isinstance(e, ImageError) and "digest mismatch" not in str(e):
                 return self._crashed(f"image {self.image} is no pod: {e}")
@@ -189,74 +250,43 @@ class PodWorker:
             reason = "ErrImagePull" if self._pull_failures == 1 else "ImagePullBackOff"
             self.state = {"waiting": {"reason": reason, "message": str(e)}}
             self.changed()
-            await self.kl.events.record(self.pod, "Warning", "Failed", f"Failed to pull image \"{self.image}\": {e}")
+            await self.node.events.record(self.pod, "Warning", "Failed", f"Failed to pull image \"{self.image}\": {e}")
             return "retry"
         self._pull_failures = 0
         self.image_id = f"kube32.io/wasm-sha256:{module.sha256}"
-        if wanted and self._prepared is None:
-            # A restore's data request goes out now: its round trip overlaps the config and
-            # the instantiation (not before the image is loaded: a slow pull would leave
-            # the answer waiting in buffers).
-            self._data_request = DataRequest(self.kl, self.namespace, wanted)
+        return module
+
+    async def _config(self) -> PodConfig | None:
+        """The pod's config on this node; None when it cannot be built (the reason shows)."""
         try:
-            config = await self.kl.config_for(self.pod)
+            return await self.node.config_for(self.pod)
         except ConfigError as e:
             self.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
             self.changed()
-            await self.kl.events.record(self.pod, "Warning", "Failed", f"Error: {e}")
-            return "retry"
-        prepared, self._prepared = self._prepared, None
-        if prepared is not None and (prepared.image != self.image or prepared.config != config):
-            # Prepared for another image or config than this pod's: restore by ourselves.
-            self.kl.prefetch.discard(prepared)
-            prepared = None
-            self._data_request = DataRequest(self.kl, self.namespace, wanted) if wanted else None
+            await self.node.events.record(self.pod, "Warning", "Failed", f"Error: {e}")
+            return None
+
+    def _take(self, instance: Pod) -> asyncio.Future:
+        """``instance`` is now this worker's container: its host's, its exit's."""
         loop = asyncio.get_running_loop()
-        self._exit = loop.create_future()
-        exit_future = self._exit
+        exit_future: asyncio.Future = loop.create_future()
+
+        def ended(code: int, reason: str, message: str) -> None:
+            if not exit_future.done():
+                exit_future.set_result((code, reason, message))
 
         def on_exit(code: int, reason: str, message: str) -> None:   # on the pod's thread
-            loop.call_soon_threadsafe(lambda: exit_future.done() or exit_future.set_result((code, reason, message)))
+            loop.call_soon_threadsafe(ended, code, reason, message)
 
-        try:
-            instance = self.kl.prefetch.claim(prepared) if prepared is not None else \
-                Pod(self.kl.runtime, module, self.kl.within_heap(config), self.kl)
-        except PodError as e:
-            return self._crashed(str(e))
         instance.on_exit = on_exit
+        host_of(instance).attach(f"pod/{self.uid}", self._logged)
         self.instance = instance
-        self.kl.instances[id(instance)] = self
-        started_at = now()
-        self.phase = "Running"
-        restore_from = self._restore_from()
-        try:
-            if restore_from and prepared is not None:
-                log.info("restoring %s/%s from checkpoint %s: begun before the replacement arrived",
-                         self.namespace, self.name, restore_from)
-                await finish(instance, prepared.snapshot)
-            elif restore_from:
-                if self._data_request is None or self._data_request.checkpoint_name != restore_from:
-                    if self._data_request is not None:
-                        await self._data_request.close()
-                    self._data_request = DataRequest(self.kl, self.namespace, restore_from)
-                request, self._data_request = self._data_request, None
-                try:
-                    await restore(self.kl, instance, request)
-                finally:
-                    await request.close()
-            else:
-                await asyncio.to_thread(instance.start)
-        except RestoreError as e:
-            # Not restarted: a second try would start the pod afresh, losing the state.
-            self._forget_instance()
-            self._terminated(1, "RestoreError", str(e), started_at)
-            self.phase = "Failed"
-            self.changed()
-            await self.kl.events.record(self.pod, "Warning", "RestoreError", str(e))
-            return "done"
-        except PodError as e:
-            self._forget_instance()
-            return self._crashed(str(e), started_at)
+        return exit_future
+
+    def _logged(self, line: str) -> None:   # on the pod's thread
+        self.logs.append(line, self.restart_count)
+
+    async def _report_started(self, how: str, started_at: str) -> None:
         self.started = True
         self.state = {"running": {"startedAt": started_at}}
         self._reported.clear()
@@ -264,12 +294,10 @@ class PodWorker:
         # The Running status first, the Started event after it: the status is what the
         # control plane (a move's completion, a Service's endpoints) waits for.
         await wait_set(self._reported, STARTED_EVENT_WAIT)
-        how = f" (restored from checkpoint {restore_from})" if restore_from else ""
-        await self.kl.events.record(self.pod, "Normal", "Started", f"Started container {self.container}{how}")
-        ended = await self._until_exit(exit_future)
-        if ended is None:
-            return await self._restart_for_new_image(instance, started_at)
-        code, reason, message = ended
+        await self.node.events.record(self.pod, "Normal", "Started", f"Started container {self.container}{how}")
+
+    def _ended(self, code: int, reason: str, message: str, started_at: str) -> str:
+        """The container ended by itself: "done", or "crash" to restart it per the policy."""
         self._forget_instance()
         self.started = False
         self._terminated(code, reason, message, started_at)
@@ -301,7 +329,7 @@ class PodWorker:
     async def _restart_for_new_image(self, instance: Pod, started_at: str) -> str:
         """Kubernetes' kubelet on a changed container spec: kill, count a restart, start anew."""
         message = f"Container {self.container} definition changed, will be restarted"
-        await self.kl.events.record(self.pod, "Normal", "Killing", message)
+        await self.node.events.record(self.pod, "Normal", "Killing", message)
         await asyncio.to_thread(instance.stop)
         self._forget_instance()
         self.started = False
@@ -311,20 +339,9 @@ class PodWorker:
         self.changed()
         return "respec"
 
-    def _restore_from(self) -> str | None:
-        """The Checkpoint to restore from: only the first start of this pod does; a
-        container that restarts later starts afresh with k32_init."""
-        if self._restore_tried:
-            return None
-        self._restore_tried = True
-        return self._restore_annotation()
-
-    def _restore_annotation(self) -> str | None:
-        return (self.pod["metadata"].get("annotations") or {}).get(RESTORE_FROM) or None
-
     def _crashed(self, message: str, started_at: str | None = None) -> str:
         self._terminated(1, "Error", message, started_at)
-        self.kl._spawn(self.kl.events.record(self.pod, "Warning", "BackOff", message))
+        self.node.spawn(self.node.events.record(self.pod, "Warning", "BackOff", message))
         if self.policy == "Never":
             self.phase = "Failed"
             self.changed()
@@ -341,17 +358,17 @@ class PodWorker:
         self.changed()
 
     def _forget_instance(self) -> None:
-        inst = self.instance
+        inst, self.instance = self.instance, None
         if inst is not None:
-            self.kl.instances.pop(id(inst), None)
+            host_of(inst).detach()
             inst.stop()   # already ended by itself: returns at once
-        self.instance = None
 
     def _container_id(self) -> str:
         return f"wasm://{self.uid}/{self.container}/{self.restart_count}"
 
     async def stop(self) -> None:
         """Stop the container (and this worker's tasks); the API object is not touched."""
+        self._terminating = True
         self._task.cancel()
         try:
             await self._task
@@ -359,7 +376,7 @@ class PodWorker:
             pass
         inst, self.instance = self.instance, None
         if inst is not None:
-            self.kl.instances.pop(id(inst), None)
+            host_of(inst).detach()
             await asyncio.to_thread(inst.stop)
         self._status_task.cancel()
         try:
@@ -367,6 +384,55 @@ class PodWorker:
         except (asyncio.CancelledError, Exception):
             pass
         self.logs.close()
+
+    # --- freeze state (a checkpoint's: kube32.kubelet.migration) -------------------
+    @property
+    def frozen_since(self) -> float | None:
+        """When (monotonic) a checkpoint froze the container; None while it is not frozen."""
+        return self._frozen_since
+
+    async def freeze(self, instance: Pod, timeout_ms: int) -> None:
+        """Freeze ``instance``, this worker's container as the caller found it, once its
+        current call returns (CallTimeout, PodError as :meth:`Pod.freeze`: the pod then
+        keeps running).  A container frozen already stays as it is, with its freeze time."""
+        was_frozen = instance.frozen
+        await asyncio.to_thread(instance.freeze, timeout_ms)
+        if not was_frozen:
+            self._frozen_since = time.monotonic()
+            self.frozen_changed()
+
+    async def thaw(self, instance: Pod) -> None:
+        """Thaw ``instance`` (frozen by :meth:`freeze`); nothing when it cannot be (it
+        stopped meanwhile)."""
+        try:
+            await asyncio.to_thread(instance.thaw)
+        except PodError:
+            return
+        self._frozen_since = None
+        self.frozen_changed()
+
+    def snapshot_digest(self, events: tuple[HeldEvent, ...]) -> str | None:
+        """The trailer (hex) of the snapshot taken of this frozen state with these held
+        events, when one was taken: a frozen pod's memory, globals and tables never change."""
+        key = (self._frozen_since, events)
+        return self._digest[1] if self._digest is not None and self._digest[0] == key else None
+
+    def keep_snapshot_digest(self, events: tuple[HeldEvent, ...], digest: str) -> None:
+        self._digest = ((self._frozen_since, events), digest)
+
+    def frozen_changed(self) -> None:
+        """A freeze or thaw: a thaw's Ready=True is written at once; a freeze's Ready=False
+        after FROZEN_REPORT_DELAY (the spec allows 2 s).  A move's source pod is usually
+        replaced by then, so the write is not made at all instead of competing with the
+        move's own requests; a request routed to the frozen pod meanwhile gets 503 with
+        Retry-After, before the replacement and after it (the node's moved-away record)."""
+        if self._status_task.done():
+            return  # stopped: nothing of this worker is written any more
+        inst = self.instance
+        if inst is not None and inst.frozen:
+            asyncio.get_running_loop().call_later(FROZEN_REPORT_DELAY, self.changed)
+        else:
+            self.changed()
 
     # --- status ------------------------------------------------------------------
     def _condition(self, type_: str, ok: bool, reason: str = "") -> dict[str, Any]:
@@ -388,7 +454,7 @@ class PodWorker:
                               "imageID": self.image_id, "started": "running" in self.state}
         if "waiting" not in self.state:
             cs["containerID"] = self._container_id()
-        ip = self.kl.ip
+        ip = self.node.ip
         return {"phase": self.phase,
                 "conditions": [self._condition("PodReadyToStartContainers", True),
                                self._condition("Initialized", True),
@@ -414,7 +480,7 @@ class PodWorker:
                 self._reported.set()
                 continue
             try:
-                await self.kl.client.patch(PODS, self.name, [
+                await self.node.client.patch(PODS, self.name, [
                     {"op": "test", "path": "/metadata/uid", "value": self.uid},
                     {"op": "replace", "path": "/status", "value": status}], self.namespace,
                     type="json", subresource="status")

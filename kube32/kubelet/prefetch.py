@@ -9,10 +9,11 @@ ConfigMaps and Secrets it names, while the move is under way), pulls and loads i
 image, sends ``GET .../data?waitSeconds=`` (the API server forwards the snapshot's bytes
 as it receives them), builds its config as this node would run it, makes the instance
 and streams the data straight into it while the controller stores the snapshot and
-replaces the pod.  When the replacement arrives, its worker takes the restore
-(:meth:`Prefetcher.take`) and only finishes it (globals, tables, clock, channels,
-``k32_restored``) - if its image and config are the ones prepared; otherwise the
-prepared instance is dropped and the worker restores as without a prefetch.  A restart
+replaces the pod.  When the replacement arrives, its worker asks for its restore's plan
+(:meth:`Prefetcher.plan`, a :class:`~.restore.RestorePlan` holding the :class:`~.restore.Prepared`
+restore) and only finishes it (globals, tables, clock, channels, ``k32_restored``) - if
+its image and config are the ones prepared; otherwise the prepared instance is dropped
+and the plan fetches the data as without a prefetch.  A restart
 can begin nothing before its pod exists; a move knows its target early, and this is
 what lets a move keep up with one.
 
@@ -35,16 +36,13 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..client import CHECKPOINTS, PODS, Informer
 from ..client.informer import key_of
-from ..snapshot import Snapshot
-from ..wasm import Pod, PodConfig
-from . import migration
-
-if TYPE_CHECKING:
-    from .kubelet import Kubelet
+from ..wasm import Pod
+from .nodeapi import NodeServices
+from .restore import DataRequest, Prepared, RestorePlan, read_into
 
 log = logging.getLogger("kube32.kubelet.prefetch")
 
@@ -54,16 +52,6 @@ UNCLAIMED_SECONDS = 70.0  # longer than a move's rollback timeout (60 s)
 SWEEP_SECONDS = 5.0
 
 Obj = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A restore done but for its finish."""
-    image: str
-    module: Any
-    config: PodConfig  # as pod_config gives it for this node, before the free-heap cap
-    instance: Pod
-    snapshot: Snapshot
 
 
 @dataclass(frozen=True)
@@ -84,14 +72,17 @@ def _move_toward(ck: Obj, node: str) -> bool:
 
 
 class Prefetcher:
-    def __init__(self, kl: "Kubelet") -> None:
-        self.kl = kl
-        self.node = kl.options.node_name
-        self.informer = Informer(kl.client, CHECKPOINTS, field_selector=f"status.targetNode={self.node}")
+    """The node's :class:`~.restore.RestoreSource`: a plan with the restore prepared for it,
+    when there is one."""
+
+    def __init__(self, node: NodeServices) -> None:
+        self.node = node
+        self.node_name = node.options.node_name
+        self.informer = Informer(node.client, CHECKPOINTS, field_selector=f"status.targetNode={self.node_name}")
         self.informer.add_handler(lambda *_: self._reconcile())
         self._entries: dict[str, _Entry] = {}  # "ns/name" -> the restore begun for it
         self._tried: set[str] = set()          # Checkpoint uids begun once already
-        self._instances: dict[int, Pod] = {}   # prepared, not yet taken: counted in the free heap
+        self._instances: set[Pod] = set()      # prepared, not yet claimed: counted in the free heap
         self._background: set[asyncio.Task] = set()
 
     def start(self) -> list[asyncio.Task]:
@@ -105,12 +96,17 @@ class Prefetcher:
         await asyncio.gather(*self._background, return_exceptions=True)
 
     def memory_bytes(self) -> int:
-        return sum(inst.memory_bytes for inst in self._instances.values())
+        return sum(inst.memory_bytes for inst in self._instances)
 
-    def take(self, namespace: str, name: str) -> "asyncio.Task[Prepared | None] | None":
-        """The restore begun for this Checkpoint, now the caller's (None: restore by yourself).
-        Its result is a :class:`Prepared` (the caller must :meth:`claim` or :meth:`discard`
-        it) or None."""
+    async def plan(self, namespace: str, checkpoint: str) -> RestorePlan:
+        """The restore from this Checkpoint: with the restore begun for it, now the plan's
+        (waited for), or a plan that fetches the data itself."""
+        entry = self._take(namespace, checkpoint)
+        # A worker stopped meanwhile cancels the preparation too: it forgets its instance.
+        prepared = await entry.task if entry is not None else None
+        return RestorePlan(self.node, namespace, checkpoint, prepared, self)
+
+    def _take(self, namespace: str, name: str) -> _Entry | None:
         key = f"{namespace}/{name}"
         entry = self._entries.pop(key, None)
         ck = self.informer.get(key)
@@ -118,11 +114,11 @@ class Prefetcher:
             self._drop(entry)  # a Checkpoint of the same name, not the one prepared
             entry = None
         self._reconcile()  # room for the next one
-        return entry.task if entry is not None else None
+        return entry
 
     def claim(self, prepared: Prepared) -> Pod:
         """The prepared instance, now the caller's worker's (no longer counted here)."""
-        self._instances.pop(id(prepared.instance), None)
+        self._instances.discard(prepared.instance)
         return prepared.instance
 
     def discard(self, prepared: Prepared) -> None:
@@ -135,7 +131,7 @@ class Prefetcher:
             self._reconcile()
 
     def _reconcile(self) -> None:
-        moves = {key_of(ck): ck for ck in self.informer.list() if _move_toward(ck, self.node)}
+        moves = {key_of(ck): ck for ck in self.informer.list() if _move_toward(ck, self.node_name)}
         now = time.monotonic()
         for key, entry in list(self._entries.items()):
             ck = moves.get(key)
@@ -160,8 +156,9 @@ class Prefetcher:
 
         async def settle() -> None:
             await asyncio.wait([entry.task])
-            if not _came_to_nothing(entry.task):
-                self.discard(entry.task.result())
+            prepared = None if _came_to_nothing(entry.task) else entry.task.result()
+            if prepared is not None:
+                self.discard(prepared)
         self._spawn(settle())
 
     def _spawn(self, coro: Any) -> None:
@@ -174,25 +171,25 @@ class Prefetcher:
         anything fails (the worker then restores by itself)."""
         ns, name = ck["metadata"]["namespace"], ck["metadata"]["name"]
         st = ck.get("status") or {}
-        request: migration.DataRequest | None = None
+        request: DataRequest | None = None
         instance: Pod | None = None
         try:
-            pod = await self.kl.client.get(PODS, ck["spec"]["podName"], ns)
+            pod = await self.node.client.get(PODS, ck["spec"]["podName"], ns)
             if pod["metadata"].get("uid") != st.get("podUID"):
                 return None
             here = copy.deepcopy(pod)
-            here["spec"]["nodeName"] = self.node
+            here["spec"]["nodeName"] = self.node_name
             container = (here["spec"].get("containers") or [{}])[0]
             image, ann = container.get("image", ""), here["metadata"].get("annotations") or {}
-            module = await self.kl.load_module(image, ann)
+            module = await self.node.load_module(image, ann)
             # The data's request once the module is loaded (the API server holds it until
             # the snapshot comes): one request at a time on the node's connections, and no
             # answer waiting in buffers behind a slow pull - the restore's peak memory.
-            request = migration.DataRequest(self.kl, ns, name, wait_seconds=WAIT_SECONDS)
-            config = await self.kl.config_for(here)
-            instance = Pod(self.kl.runtime, module, self.kl.within_heap(config), self.kl)
-            self._instances[id(instance)] = instance
-            snapshot = await migration.read_into(self.kl, instance, request)
+            request = DataRequest(self.node.client, ns, name, wait_seconds=WAIT_SECONDS)
+            config = await self.node.config_for(here)
+            instance = self.node.new_instance(module, config)
+            self._instances.add(instance)
+            snapshot = await read_into(instance, request, self.node.options.faults)
             return Prepared(image, module, config, instance, snapshot)
         except asyncio.CancelledError:
             self._forget(instance)
@@ -207,5 +204,6 @@ class Prefetcher:
 
     def _forget(self, instance: Pod | None) -> None:
         """Stop an instance prepared here and not claimed (a claimed one is its worker's)."""
-        if instance is not None and self._instances.pop(id(instance), None) is not None:
+        if instance is not None and instance in self._instances:
+            self._instances.discard(instance)
             self._spawn(asyncio.to_thread(instance.stop))

@@ -33,18 +33,17 @@ import asyncio
 import datetime as dt
 import ssl
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple
+from typing import Any, Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
 from .. import holding, serving, urlpath
-from ..client import ApiError
+from ..client import ApiError, Client
 from ..wasm import HttpRequest, PodError, PodFrozen
 from . import migration
+from .agent import NodeAgent
 from .logs import format_line, rfc3339_nano
-
-if TYPE_CHECKING:
-    from .kubelet import Kubelet
+from .pods import PodWorker
 
 AUTH_CACHE_SECONDS = 60.0
 MAX_BODY = 16 << 20          # a request body for a pod; larger ones are refused with 413
@@ -52,7 +51,7 @@ ALLOWED_USER = "system:kube-apiserver"
 # Who may call: the API server by its client certificate (CN) or by token (TokenReview).
 ALLOWED_USERS = frozenset({ALLOWED_USER, "system:kube-apiserver-kubelet-client"})
 PUBLIC = frozenset({"/healthz"})
-Handler = Callable[["Kubelet", web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[NodeAgent, web.Request], Awaitable[web.StreamResponse]]
 DROP_HEADERS = frozenset({"host", "authorization", "connection", "keep-alive", "transfer-encoding",
                           "content-length", "x-forwarded-for", "x-forwarded-uri", "accept-encoding"})
 
@@ -73,8 +72,8 @@ def _not_started(text: str, why: str) -> web.Response:
 class TokenCheck:
     """TokenReview with a cache of positive answers (negative ones are asked again)."""
 
-    def __init__(self, kubelet: "Kubelet") -> None:
-        self.kl = kubelet
+    def __init__(self, client: Client) -> None:
+        self.client = client
         self._cache: dict[str, tuple[float, str]] = {}
 
     async def user(self, token: str) -> str | None:
@@ -82,7 +81,7 @@ class TokenCheck:
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
-        out = await self.kl.client._json("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=review)
+        out = await self.client.post_json("/apis/authentication.k8s.io/v1/tokenreviews", review)
         status = out.get("status") or {}
         if not status.get("authenticated"):
             return None
@@ -133,8 +132,8 @@ async def confine(request: web.Request, handler):
     return await handler(request)
 
 
-def build_app(kubelet: "Kubelet") -> web.Application:
-    check = TokenCheck(kubelet)
+def build_app(kubelet: NodeAgent) -> web.Application:
+    check = TokenCheck(kubelet.client)
 
     @web.middleware
     async def auth(request: web.Request, handler):
@@ -164,17 +163,17 @@ def build_app(kubelet: "Kubelet") -> web.Application:
     return app
 
 
-def _bind(kubelet: "Kubelet", handler: Handler):
+def _bind(kubelet: NodeAgent, handler: Handler):
     async def h(request: web.Request) -> web.StreamResponse:
         return await handler(kubelet, request)
     return h
 
 
-async def healthz(kl: "Kubelet", request: web.Request) -> web.Response:
+async def healthz(kl: NodeAgent, request: web.Request) -> web.Response:
     return _text(200, "ok")
 
 
-async def pod_http(kl: "Kubelet", request: web.Request) -> web.Response:
+async def pod_http(kl: NodeAgent, request: web.Request) -> web.Response:
     ns, name = request.match_info["ns"], request.match_info["pod"]
     worker = kl.worker_by_name(ns, name)
     if worker is None and kl.moved_away_lately(ns, name):
@@ -216,7 +215,7 @@ def _state_text(state: dict) -> str:
     return "not started"
 
 
-async def container_logs(kl: "Kubelet", request: web.Request) -> web.StreamResponse:
+async def container_logs(kl: NodeAgent, request: web.Request) -> web.StreamResponse:
     ns, name, container = request.match_info["ns"], request.match_info["pod"], request.match_info["container"]
     worker = kl.worker_by_name(ns, name)
     if worker is None:
@@ -253,7 +252,7 @@ async def container_logs(kl: "Kubelet", request: web.Request) -> web.StreamRespo
     return resp
 
 
-def log_run(worker: Any, previous: bool) -> int | str:
+def log_run(worker: PodWorker, previous: bool) -> int | str:
     """Which run of the container a log request means, as the kubelet chooses the
     container (its validateContainerLogStatus): the running or finished one, else the
     last one that ended (a container in back-off); with ``previous``, the last one that
@@ -315,7 +314,7 @@ def log_options(q: Any) -> LogQuery | str:
                     flags["previous"])
 
 
-async def keyboard(kl: "Kubelet", request: web.Request) -> web.Response:
+async def keyboard(kl: NodeAgent, request: web.Request) -> web.Response:
     if "keyboard" not in kl.options.devices:
         return _text(404, f'node "{kl.options.node_name}" has no keyboard (start it with --devices keyboard)')
     key = request.query.get("key", "")

@@ -137,7 +137,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         kubeconfig = yaml.safe_load(cp.kubeconfig.read_text())
         ctx = ssl.create_default_context(cadata=base64.b64decode(
             kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]).decode())
-        ctx.load_verify_locations(cafile=str(cp.data_dir / "pki" / "ca.crt"))
+        # The API server's CA (the kubeconfig's) and, for kubelets, the kubelet-serving signer.
+        ctx.load_verify_locations(cafile=str(cp.data_dir / "pki" / "kubelet-ca.crt"))
         users = {u["username"]: t for t, u in json.loads((cp.data_dir / "tokens.json").read_text()).items()}
         node_kubeconfig = yaml.safe_load((cp.data_dir / "node.kubeconfig").read_text())
         tokens: dict[str, str | None] = {

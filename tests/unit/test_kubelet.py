@@ -192,19 +192,17 @@ async def test_kubelets_key_pods_by_uid_across_a_replacement_and_delete(tmp_path
         async with admin.request("GET", "/api/v1/namespaces/default/pods/c/proxy/") as r:
             assert r.status == 200 and (await r.json())["hostname"] == "c"
 
-        # Freeze hook: a frozen pod answers 503 + Retry-After and turns not Ready at once.
+        # The worker's freeze: a frozen pod answers 503 + Retry-After and turns not Ready at once.
         worker = a.workers[old_uid]
         assert worker.instance is not None
-        await asyncio.to_thread(worker.instance.freeze, 1000)
-        a.pod_frozen_changed(old_uid)
+        await worker.freeze(worker.instance, 1000)
         async with admin.request("GET", "/api/v1/namespaces/default/pods/c/proxy/") as r:
             assert r.status == 503 and r.headers["Retry-After"] == "1"
 
         async def not_ready() -> bool:
             return not await ready()
         await _until(not_ready, 2, what="Ready=False after the freeze")
-        await asyncio.to_thread(worker.instance.thaw)
-        a.pod_frozen_changed(old_uid)
+        await worker.thaw(worker.instance)
         running = await _until(ready, what="Ready again after the thaw")
 
         # One write: same name, new uid, other node.  unit-a stops the old uid and
