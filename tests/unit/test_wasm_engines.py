@@ -16,23 +16,12 @@ from hypothesis import strategies as st
 
 from kube32 import snapshot as k32s
 from kube32.wasm import ENGINES, ChannelRegistry, HttpRequest, ImageError, Pod, PodConfig, Runtime
+from tests.unit.podhosts import Host
 from kube32.wasm.runtime import MOPS_KERNEL_WASM, MOPS_KERNEL_WAT
 
 ROOT = Path(__file__).resolve().parents[2]
 PODS = ROOT / "examples" / "pods"
 FIELDS = ("requests", "events", "restored", "time_ms", "f32", "f64", "table", "fg", "channel", "send")
-
-
-class Host:
-    def __init__(self) -> None:
-        self.channels = ChannelRegistry()
-        self.logs: list[str] = []
-
-    def log(self, pod, line):
-        self.logs.append(line)
-
-    def publish(self, pod, topic, payload):
-        pass
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kube32.wasm import ENGINES, ChannelRegistry, HttpRequest, Pod, PodConfig, Runtime
+from tests.unit.podhosts import Host
 
 ROOT = Path(__file__).resolve().parents[2]
 COUNTER = ROOT / "examples" / "pods" / "counter.wasm"
@@ -55,18 +56,6 @@ with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as sock:
 print(json.dumps({"last": last, "pod_time_ms": pod.pod_time_ms(), "trailer": trailer.hex(),
                   "size": writer.total_size}))
 """
-
-
-class Host:
-    def __init__(self) -> None:
-        self.channels = ChannelRegistry()
-        self.logs: list[str] = []
-
-    def log(self, pod, line):
-        self.logs.append(line)
-
-    def publish(self, pod, topic, payload):
-        pass
 
 
 def get(pod) -> dict:
