@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-cross venv pods bench clean
+.PHONY: demo test test-cross lint venv pods bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,12 @@ pods:
 
 demo: $(STAMP)
 	$(BIN)/python -m kube32.sim.demo $(ARGS)
+
+# ruff (pycodestyle, pyflakes, bugbear, complexity <= 15) over the whole tree (kube32,
+# tests, bench, tools) and mypy, as configured in pyproject.toml; CI runs it before the suite.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: $(STAMP) pods
 	$(BIN)/python -m pytest -q -x --durations=15 $(PYTEST_ARGS)

@@ -395,7 +395,7 @@ async def drain(cluster: Cluster, count: int) -> Obj:
             if status != 200 or body is None:
                 raise RuntimeError(f"pod {n} answered {status}")
             return body
-    before = dict(zip(names, await asyncio.gather(*(ask(n) for n in names))))
+    before = dict(zip(names, await asyncio.gather(*(ask(n) for n in names)), strict=True))
 
     # kubectl's own pace: the same drain as a server-side dry run sends the same requests
     # (the cordon, the list, one eviction per pod) and moves nothing, so it waits on
@@ -415,7 +415,7 @@ async def drain(cluster: Cluster, count: int) -> Obj:
     seconds = time.monotonic() - started
     if "drained" not in out:
         raise RuntimeError(f"kubectl drain: {out}")
-    after = dict(zip(names, await asyncio.gather(*(ask(n) for n in names), return_exceptions=True)))
+    after = dict(zip(names, await asyncio.gather(*(ask(n) for n in names), return_exceptions=True), strict=True))
     kept = sum(1 for n in names if isinstance(after[n], dict)
                and after[n]["requests"] == before[n]["requests"] + 1 and after[n]["restored_calls"] == 1)
     items, _ = await api.list(PODS, "default", label_selector="app=drain")
@@ -442,7 +442,7 @@ async def drain(cluster: Cluster, count: int) -> Obj:
                    and p["spec"].get("nodeName") == "sim-1" and pod_ready(p)) == count
     await cluster.wait(all_back, 300, f"{count} pods back on sim-1", interval=0.05)
     api_seconds = time.monotonic() - started
-    again = dict(zip(names, await asyncio.gather(*(ask(n) for n in names), return_exceptions=True)))
+    again = dict(zip(names, await asyncio.gather(*(ask(n) for n in names), return_exceptions=True), strict=True))
     api_kept = sum(1 for n in names if isinstance(again[n], dict) and isinstance(after[n], dict)
                    and again[n]["requests"] == after[n]["requests"] + 1 and again[n]["restored_calls"] == 2)
     await cluster.kubectl("uncordon", "sim-2")

@@ -101,7 +101,7 @@ def figures(load: Load, windows: list[tuple[float, float]]) -> Obj:
     return {"requests": len(load.answers), "failed": sum(1 for *_, s in load.answers if s != 200),
             "touched": len(touched), "base_ms": base,
             "added_p50": pct(added, 0.5), "added_p99": pct(added, 0.99),
-            "over_p99": pct([a - f for a, (_, f) in zip(added, touched)], 0.99),
+            "over_p99": pct([a - f for a, (_, f) in zip(added, touched, strict=True)], 0.99),
             "f2r_p50": pct([ms for _, ms in windows], 0.5), "f2r_p99": pct([ms for _, ms in windows], 0.99),
             "moves": len(windows)}
 

@@ -6,47 +6,49 @@ checkpoints) both ask here, so both refuse for the same reasons.  The node finds
 the rest (open files, a call that outlasts the freeze, entry points of images the
 control plane does not hold).
 
-Imports nothing else of Kube32.
+Imports only the terms and accessors (kube32.terms, kube32.objects).
 """
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-MIGRATION = "kube32.io/migration"
-RESTORE_FROM = "kube32.io/restore-from"
+from . import objects
+from .terms import (IMAGE_REFERENCE_PREFIX, SD_VOLUME, Annotation, CheckpointAction, CheckpointPhase, Condition,
+                    Policy, Resource)
+
 # The facts of a stored snapshot in a Checkpoint's status (spec: "Checkpoint objects and data").
 SNAPSHOT_FACTS = ("sizeBytes", "snapshotSha256", "imageSha256", "podTimeMs")
-# The condition a Checkpoint's status has while its data is gone (kube32.apiserver.checkpointstatus).
-DATA_STORED = "DataStored"
-TRIGGER = "kube32.io/trigger"           # label: periodic, eviction, memory-pressure or placement
-PLACEMENT = "kube32.io/placement"       # "fastest"
-CHECKPOINT_INTERVAL = "kube32.io/checkpoint-interval"
-INTERP_MOPS = "kube32.io/interp-mops"
-WASM_PIN = "kube32.io/wasm-sha256"      # pod annotation: the digest a wasm:// image must have
-# Node annotation: the machine and engine a measured interp-mops figure comes from.
-INTERP_MOPS_MEASURED_ON = "kube32.io/interp-mops-measured-on"
-POLICIES = ("OnDrain", "Never", "Auto")
 BLOCKING_CAPABILITIES = ("DISPLAY", "KEYBOARD", "SPEAKER", "SD", "CHIP_TEMP")
 ENTRY_POINTS = ("_start", "app_main", "main")
-I2C_GRANT = "kube32.io/i2c-device"
-# A Service's: how long its proxies hold a request its moving pod could not take
-# ("10s"; "0" holds none).  Read by kube32.holding.
-HOLD_REQUESTS = "kube32.io/hold-requests"
-TOPICS = "kube32.io/events"             # annotation: the topics a pod hears, "a,b"
 
 
 def data_gone(ck: dict[str, Any] | None) -> dict[str, Any] | None:
     """The ``DataStored=False`` condition of a Checkpoint whose data is gone (dropped to
     make room, or lost with a control plane restart), else None."""
-    for c in ((ck or {}).get("status") or {}).get("conditions") or []:
-        if isinstance(c, dict) and c.get("type") == DATA_STORED and c.get("status") == "False":
+    for c in objects.status(ck).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == Condition.DATA_STORED and c.get("status") == "False":
             return c
     return None
 
 
+def rolled_back(ck: dict[str, Any] | None) -> bool:
+    """``ck`` is a move that failed after its replacement: the pod went back (to its source,
+    or to the scheduler) as ``status.rollbackPodUID``, instead of moving."""
+    st = objects.status(ck)
+    return st.get("phase") == CheckpointPhase.FAILED and bool(st.get("rollbackPodUID"))
+
+
+def rolled_back_to_source(ck: dict[str, Any] | None) -> bool:
+    """``ck`` rolled back (:func:`rolled_back`) and the pod went back to the node it was to
+    leave (``status.rollbackNode`` is its ``status.nodeName``), not to another node or the
+    scheduler."""
+    st = objects.status(ck)
+    return rolled_back(ck) and bool(st.get("nodeName")) and st.get("rollbackNode") == st.get("nodeName")
+
+
 def restore_from(pod: dict[str, Any]) -> str | None:
     """The Checkpoint a pod restores from (``kube32.io/restore-from``), if any."""
-    return ((pod.get("metadata") or {}).get("annotations") or {}).get(RESTORE_FROM) or None
+    return objects.annotations(pod).get(Annotation.RESTORE_FROM) or None
 
 
 def replacement_of_move(ck: dict[str, Any] | None, pod: dict[str, Any]) -> bool:
@@ -55,23 +57,23 @@ def replacement_of_move(ck: dict[str, Any] | None, pod: dict[str, Any]) -> bool:
     same Checkpoint); deleting it would lose the pod's state.  Still ``Saving`` counts: the
     Moving status follows the replacement by a moment, and a small pod may run, or fail
     to restore, before it."""
-    st = (ck or {}).get("status") or {}
-    uid = (pod.get("metadata") or {}).get("uid")
-    if not uid or restore_from(pod) != ((ck or {}).get("metadata") or {}).get("name"):
+    st = objects.status(ck)
+    uid = objects.meta(pod).get("uid")
+    if not uid or restore_from(pod) != objects.meta(ck).get("name"):
         return False
-    if st.get("phase") == "Moving":
+    if st.get("phase") == CheckpointPhase.MOVING:
         return st.get("newPodUID") == uid
-    return st.get("phase") == "Saving" and ((ck or {}).get("spec") or {}).get("action") == "Move" \
-        and st.get("targetNode") == (pod.get("spec") or {}).get("nodeName") and st.get("podUID") not in (None, uid)
+    return st.get("phase") == CheckpointPhase.SAVING and objects.spec(ck).get("action") == CheckpointAction.MOVE \
+        and st.get("targetNode") == objects.spec(pod).get("nodeName") and st.get("podUID") not in (None, uid)
 
 
 def policy(pod: dict[str, Any]) -> str:
-    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(MIGRATION, "OnDrain")
-    return value if value in POLICIES else "OnDrain"
+    value = objects.annotations(pod).get(Annotation.MIGRATION, Policy.ON_DRAIN)
+    return value if value in Policy.ALL else Policy.ON_DRAIN
 
 
 def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = pod.get("spec") or {}
+    spec = objects.spec(pod)
     return list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
 
 
@@ -81,8 +83,7 @@ def _hardware_resources(pod: dict[str, Any]) -> list[str]:
         res = c.get("resources") or {}
         for section in ("requests", "limits"):
             for name in (res.get(section) or {}):
-                blocking = ((name.startswith("hardware.kube32.io/") and name != "hardware.kube32.io/ipc")
-                            or name.startswith("esp32.io/"))
+                blocking = name.startswith(Resource.EXTENDED_PREFIXES) and name != Resource.IPC
                 if blocking and name not in found:
                     found.append(name)
     return found
@@ -100,19 +101,19 @@ def _capabilities(pod: dict[str, Any]) -> list[str]:
 
 
 def _has_i2c_grant(pod: dict[str, Any]) -> bool:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    if any(k == I2C_GRANT or k.startswith(I2C_GRANT + "/") for k in annotations):
+    annotations = objects.annotations(pod)
+    if any(k == Annotation.I2C_GRANT or k.startswith(Annotation.I2C_GRANT + "/") for k in annotations):
         return True
-    return any(I2C_GRANT in ((c.get("resources") or {}).get(s) or {})
+    return any(Annotation.I2C_GRANT in ((c.get("resources") or {}).get(s) or {})
                for c in _containers(pod) for s in ("requests", "limits"))
 
 
 def _node_storage_claims(pod: dict[str, Any]) -> list[str]:
     claims: list[str] = []
-    for v in (pod.get("spec") or {}).get("volumes") or []:
+    for v in objects.spec(pod).get("volumes") or []:
         if v.get("persistentVolumeClaim"):
             claims.append(v["persistentVolumeClaim"].get("claimName") or v.get("name", ""))
-        elif v.get("kube32.io/sd") is not None or (v.get("csi") or {}).get("driver") == "kube32.io/sd":
+        elif v.get(SD_VOLUME) is not None or (v.get("csi") or {}).get("driver") == SD_VOLUME:
             claims.append(v.get("name", ""))
     return claims
 
@@ -126,10 +127,10 @@ def spec_blockers(pod: dict[str, Any], image_exports: Iterable[str] | None = Non
     blockers = [f"grant {r}" for r in _hardware_resources(pod)]
     blockers += [f"grant capability {c}" for c in _capabilities(pod)]
     if _has_i2c_grant(pod):
-        blockers.append(f"grant {I2C_GRANT}")
+        blockers.append(f"grant {Annotation.I2C_GRANT}")
     blockers += [f"volume claim {c} on node storage" for c in _node_storage_claims(pod)]
-    if policy(pod) == "Never":
-        blockers.append(f"annotation {MIGRATION}: Never")
+    if policy(pod) == Policy.NEVER:
+        blockers.append(f"annotation {Annotation.MIGRATION}: Never")
     if image_exports is not None:
         exports = set(image_exports)
         entry = next((e for e in ENTRY_POINTS if e in exports), None)
@@ -142,13 +143,13 @@ def topics(pod: dict[str, Any]) -> tuple[str, ...]:
     """The event topics of the pod spec (annotation ``kube32.io/events``), in its order:
     what the kubelet subscribes the pod to, and what the control plane holds for it
     during a move."""
-    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(TOPICS, "")
+    value = objects.annotations(pod).get(Annotation.TOPICS, "")
     return tuple(dict.fromkeys(t.strip() for t in str(value).split(",") if t.strip()))
 
 
 def embedded_digest(image: str) -> str | None:
     """The digest of an embedded image reference ``kube32.io/wasm-sha256:<hex>``."""
-    prefix = "kube32.io/wasm-sha256:"
+    prefix = IMAGE_REFERENCE_PREFIX
     return image[len(prefix):].lower() if image.startswith(prefix) else None
 
 

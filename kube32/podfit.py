@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from . import objects
 from .quantity import parse_quantity
+from .terms import PodPhase, Resource
 
 Obj = dict[str, Any]
 DEFAULT_MAX_PODS = 110
-EXTENDED_PREFIXES = ("hardware.kube32.io/", "esp32.io/")
+EXTENDED_PREFIXES = Resource.EXTENDED_PREFIXES
 
 
 def _quantity_or_zero(value: Any) -> Fraction:
@@ -38,7 +40,7 @@ def is_scheduled_resource(name: str) -> bool:
 def pod_requests(pod: Obj) -> dict[str, Fraction]:
     """What the pod asks of a node: sum over containers (request, else limit), at least
     the largest init container's, for memory and the extended resources."""
-    spec = pod.get("spec") or {}
+    spec = objects.spec(pod)
 
     def of(container: Obj) -> dict[str, Fraction]:
         res = container.get("resources") or {}
@@ -65,13 +67,13 @@ def allocatable(resources: dict[str, Any]) -> dict[str, Fraction]:
 
 
 def node_allocatable(node: Obj) -> dict[str, Fraction]:
-    status = node.get("status") or {}
+    status = objects.status(node)
     return allocatable({**(status.get("capacity") or {}), **(status.get("allocatable") or {})})
 
 
 def pod_is_active(pod: Obj) -> bool:
     """Holds resources on its node: not Succeeded/Failed (terminating pods still count)."""
-    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    return objects.phase(pod) not in PodPhase.TERMINAL
 
 
 @dataclass(frozen=True)

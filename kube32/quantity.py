@@ -23,8 +23,8 @@ from typing import Any
 
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:(Ki|Mi|Gi|Ti|Pi|Ei)|([eE][+-]?\d+)|(n|u|m|k|M|G|T|P|E))?$")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": 10**3,
-            "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_DECIMAL: dict[str, Fraction | int] = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+                                      "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 QUANTITY_RULE = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
 MAX_QUANTITY = 2**63 - 1
 _NANO = Fraction(1, 10**9)
@@ -94,7 +94,7 @@ def parse_quantity(value: Any) -> Fraction:
     if binary:
         return _bounded(n * _BINARY[binary])
     if exponent:
-        return _bounded(n * Fraction(10) ** power)
+        return _bounded(n * (Fraction(10 ** power) if power >= 0 else Fraction(1, 10 ** -power)))
     if decimal:
         return _bounded(n * _DECIMAL[decimal])
     return _bounded(n)

@@ -17,6 +17,12 @@ kube-apiserver's numbers:
 * ``BODY_TIMEOUT`` (60 s, its default ``--request-timeout``): an object body, at most
   3 MiB, is read whole within this long (``kube32.apiserver.bodies.read_raw``).
 
+A server that forwards requests for anyone on the network (a node's NodePorts, which
+hold a forwarding slot per request: kube32.kubelet.nodeports) uses
+:data:`FORWARDER_LIMITS`: headers within ``FORWARD_HEADER_TIMEOUT`` (10 s) and no pause
+in a body longer than ``FORWARD_BODY_STALL_TIMEOUT`` (10 s); a real client's request
+does not pause that long, and a stalled one costs a connection for less time.
+
 A client that misses a deadline mid-request gets ``408 Request Timeout`` (a Kubernetes
 Status saying which deadline) and the connection is closed; an idle one, or one that
 never sent a byte, is closed without a word, as Go's server does.  A refused
@@ -51,6 +57,10 @@ ABORT_AFTER = 2.0     # s: a refused connection whose peer reads nothing is drop
 SHUTDOWN_GRACE_SECONDS = 3.0  # s: a stopping server cancels the requests still running this late
 
 
+FORWARD_HEADER_TIMEOUT = 10.0
+FORWARD_BODY_STALL_TIMEOUT = 10.0
+
+
 @dataclass(frozen=True)
 class ServingLimits:
     header: float = HEADER_TIMEOUT
@@ -58,10 +68,18 @@ class ServingLimits:
     body_stall: float = BODY_STALL_TIMEOUT
 
 
+FORWARDER_LIMITS = ServingLimits(header=FORWARD_HEADER_TIMEOUT, body_stall=FORWARD_BODY_STALL_TIMEOUT)
+
+
+def timeout_body(message: str) -> bytes:
+    """The Status of a ``408 Request Timeout`` saying which deadline was missed."""
+    return json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                       "message": message, "reason": "Timeout", "code": 408}).encode()
+
+
 def timeout_response(message: str) -> bytes:
     """A whole ``408 Request Timeout`` HTTP/1.1 response, closing the connection."""
-    body = json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                       "message": message, "reason": "Timeout", "code": 408}).encode()
+    body = timeout_body(message)
     head = (f"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
     return head.encode() + body

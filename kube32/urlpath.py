@@ -18,6 +18,8 @@ another object, so every layer uses this module and nothing else:
 * What goes on is built segment by segment, each percent-encoded (``/`` and ``%``
   included), into a URL the client sends as is (:func:`encoded_url`), so the next
   server decodes exactly the segments that were checked.
+* The API's own clients build their paths the same way (:func:`api_path`): every
+  name one segment, checked and encoded, sent as is.
 
 Everything else in a segment (``%2F`` for a slash inside one, ``%25``, ``;``, ``:``,
 spaces) passes through unchanged: a pod's own paths are its business.
@@ -29,6 +31,8 @@ from typing import Iterable, Iterator
 from urllib.parse import quote, unquote
 
 import yarl
+
+from .terms import GROUP, VERSION
 
 MAX_DECODINGS = 8
 # RFC 3986 pchar minus "%": what a segment may hold unencoded.  "/" is not in it.
@@ -66,16 +70,42 @@ def _why(segment: str) -> str | None:
     return None
 
 
+def _segment_refusal(segment: str) -> str | None:
+    try:
+        return _why(segment)
+    except PathRefused as e:
+        return f'{e}: "{segment}"'
+
+
 def refusal(segments: Iterable[str]) -> str | None:
     """Why these path segments could leave the object they are under, or None."""
     for segment in segments:
-        try:
-            why = _why(segment)
-        except PathRefused as e:
-            why = f'{e}: "{segment}"'
+        why = _segment_refusal(segment)
         if why:
             return f"{why}: a proxied path may not leave the object it names"
     return None
+
+
+def api_path(*segments: str) -> str:
+    """``/`` + ``segments``, each exactly one segment of the path: percent-encoded, and
+    refused (:class:`PathRefused`, saying why) when empty, holding a ``/`` (which the
+    server would split on, encoded or not) or a dot segment under any reading.
+
+    The one way every client of the API builds a path from names (kube32.client.Kind,
+    and the paths outside the kinds: node proxies, topics, images), sent as is
+    (:func:`encoded_url`): a name taken from an object or an annotation can never
+    address anything but itself."""
+    for segment in segments:
+        why = ("the path segment is empty" if not segment else
+               f'the name "{segment}" holds a "/"' if "/" in segment else _segment_refusal(segment))
+        if why:
+            raise PathRefused(f"{why}: an API path names each object by one segment")
+    return "/" + "/".join(quote_segment(s) for s in segments)
+
+
+def group_path(*segments: str) -> str:
+    """:func:`api_path` under Kube32's own group and version (``/apis/kube32.io/v1/...``)."""
+    return api_path("apis", GROUP, VERSION, *segments)
 
 
 def quote_segment(segment: str) -> str:

@@ -20,6 +20,41 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tests.etcd"]  # the session's etcd (etcd_cluster)
+
+# The e2e modules CI runs on both Pythons (3.11 and 3.13): the API with real clients, TLS
+# and certificates (3.13's ssl verifies X.509 strictly), a cluster and a move.  Every other
+# e2e module (processes, faults, moves under load, timing: marker ``once``) runs on one
+# Python, 3.11, the README's `make test`; the unit tests run on both (.ci/run).
+BOTH_PYTHONS = frozenset({
+    "test_sim_cluster", "test_apiserver_kubectl", "test_apiserver_proxy", "test_security", "test_adversarial_pki",
+    "test_api_fidelity", "test_api_paging", "test_watch_bookmarks", "test_etcd_store", "test_ha_peers",
+    "test_moves", "test_metrics", "test_kubectl_create", "test_engines", "test_clients",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__ if item.module is not None else ""
+        if module.startswith("tests.e2e.") and module.rsplit(".", 1)[-1] not in BOTH_PYTHONS:
+            item.add_marker(pytest.mark.once)
+
+
+LOG_TAIL_LINES = 40   # of each node's log, shown under a failed test that used a cluster
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed test that used a cluster shows the end of each of its nodes' logs and
+    the cluster's recent events: a CI run keeps nothing else of the cluster's side."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or call.when == "teardown":
+        return
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, ControlPlane):
+            report.sections.append(("cluster logs and events", value.diagnosis()))
+            return
 
 
 @dataclass
@@ -90,6 +125,19 @@ class ControlPlane:
         cmd = ["kubectl", "--kubeconfig", str(self.kubeconfig), "--cache-dir", str(self.cache_dir), *args]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+    def diagnosis(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` of each log under ``data_dir/logs`` and the cluster's events."""
+        parts = []
+        for log in sorted((self.data_dir / "logs").glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+        try:
+            events = self.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False, timeout=15)
+            parts.append("--- kubectl get events -A\n" + "\n".join(events.stdout.splitlines()[-lines:]))
+        except subprocess.TimeoutExpired:
+            parts.append("--- kubectl get events -A: no answer in 15 s")
+        return "\n".join(parts)
+
     def client(self):
         from kubernetes import config
         return config.new_client_from_config(str(self.kubeconfig))
@@ -119,14 +167,14 @@ def control_plane(tmp_path: Path) -> Iterator[ControlPlane]:
         cp.proc.stop()
 
 
-def start_cluster(data_dir: Path, workers: int = 2, *extra: str) -> ControlPlane:
+def start_cluster(data_dir: Path, workers: int = 2, *extra: str, env: dict[str, str] | None = None) -> ControlPlane:
     """``kube32-sim up --workers N`` as a user runs it; returns once it printed ``cluster ready``.
 
     The returned ControlPlane's ``proc`` is the ``up`` process (stopping it stops
     every node); ``data_dir/logs`` holds each node's log."""
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = start(sim_command("up", "--workers", str(workers), "--data-dir", str(data_dir), "--port", "0", *extra),
-                 data_dir / "up.log")
+                 data_dir / "up.log", env)
     wait_for(lambda: "cluster ready" in proc.output() or proc.popen.poll() is not None, 120,
              what="kube32-sim up to report the cluster ready")
     if proc.popen.poll() is not None:

@@ -2,10 +2,10 @@
 
 ``<data-dir>/tokens.json`` maps each token to a user (name, groups).  The first
 start writes the admin token (``kubernetes-admin`` in ``system:masters``), the
-API server's own identity for calling kubelets (``system:kube-apiserver``) and a
+API server's own identity, its controllers' (``system:kube-apiserver``) and a
 node bootstrap token (group ``system:bootstrappers:kube32``), and writes
 ``admin.kubeconfig`` and ``node.kubeconfig`` for them.  Tokens are compared in
-constant time; the file is created 0600.  ``/version``, ``/healthz``,
+constant time; the file is created 0600.  ``/version`` (``/version/`` too), ``/healthz``,
 ``/readyz`` and ``/livez`` are public, as Kubernetes' ``system:public-info-viewer``
 makes them.
 
@@ -20,9 +20,16 @@ More tokens:
   ``system:serviceaccounts:<ns>``) only while it has not expired and a ServiceAccount
   of that name *and uid* exists (the server checks that part): deleting the
   ServiceAccount revokes its tokens.
+* Kubelet client tokens ``k32kubelet.<payload>.<hmac>`` (user
+  ``system:kube-apiserver-kubelet-client``, no groups): what the API server presents to
+  a plain-HTTP kubelet, bound to that one Node (name and uid, in TokenReview's
+  ``user.extra``), so worthless at any other kubelet (kube32.apiserver.kubeletcredentials).
 * Node credentials: a node that joined with the bootstrap token gets its own
-  token (user ``system:node:<name>``, group ``system:nodes``), kept in
-  ``tokens.json``; joining again replaces (revokes) the node's previous token.
+  token ``k32node.<payload>.<hmac>`` (user ``system:node:<name>``, group
+  ``system:nodes``): node name and token id signed with ``sa.key``, the id of the
+  node's current token kept in the object store (kube32.apiserver.nodetokens), so
+  every API server sharing the store and the key accepts it; joining again replaces
+  (revokes) the node's previous token.
 """
 from __future__ import annotations
 
@@ -39,11 +46,14 @@ from typing import Any
 
 import yaml
 
-PUBLIC_PATHS = frozenset({"/version", "/healthz", "/readyz", "/livez"})
+from ..terms import NODE_NAME_EXTRA, NODE_UID_EXTRA
+
+PUBLIC_PATHS = frozenset({"/version", "/version/", "/healthz", "/readyz", "/livez"})
 ADMIN = "kubernetes-admin"
 APISERVER = "system:kube-apiserver"
-# What the API server calls plain-HTTP kubelets as: a user with no permissions, so a
-# node that receives this token can do nothing with the API (kubelets accept it).
+# Who the API server is to kubelets: its client certificate's CN, and the user of the
+# node-bound tokens plain-HTTP kubelets get (kube32.apiserver.kubeletcredentials), a user
+# with no permissions on the API.
 KUBELET_CLIENT = "system:kube-apiserver-kubelet-client"
 BOOTSTRAP_GROUP = "system:bootstrappers:kube32"
 BOOTSTRAP_USER = "system:bootstrap:kube32"
@@ -52,6 +62,8 @@ NODE_PREFIX = "system:node:"
 
 
 SA_PREFIX = "k32sa."
+NODE_TOKEN_PREFIX = "k32node."
+KUBELET_TOKEN_PREFIX = "k32kubelet."
 SA_GROUP = "system:serviceaccounts"
 
 
@@ -67,7 +79,9 @@ class ServiceAccountRef:
 
 
 class ServiceAccountTokens:
-    """Signed, expiring ServiceAccount tokens (HMAC-SHA256 with a key of the control plane)."""
+    """Signed tokens (HMAC-SHA256 with a key of the control plane, ``sa.key``): expiring
+    ServiceAccount tokens, and node tokens (kube32.apiserver.nodetokens). Every API server
+    with the same key accepts them: several control planes share ``sa.key``."""
 
     def __init__(self, key: bytes) -> None:
         self._key = key
@@ -75,16 +89,16 @@ class ServiceAccountTokens:
     def _mac(self, payload: bytes) -> str:
         return base64.urlsafe_b64encode(hmac.new(self._key, payload, "sha256").digest()).decode().rstrip("=")
 
-    def issue(self, namespace: str, name: str, uid: str, expires_unix: int) -> str:
-        payload = json.dumps({"ns": namespace, "name": name, "uid": uid, "exp": expires_unix},
-                             separators=(",", ":")).encode()
+    def sign(self, prefix: str, claims: dict[str, Any]) -> str:
+        payload = json.dumps(claims, separators=(",", ":")).encode()
         body = base64.urlsafe_b64encode(payload).decode().rstrip("=")
-        return f"{SA_PREFIX}{body}.{self._mac(payload)}"
+        return f"{prefix}{body}.{self._mac(payload)}"
 
-    def verify(self, token: str, now_unix: float) -> ServiceAccountRef | None:
-        if not token.startswith(SA_PREFIX) or token.count(".") != 2:
+    def claims(self, prefix: str, token: str) -> dict[str, Any] | None:
+        """The claims of a token this key signed under `prefix`, else None."""
+        if not token.startswith(prefix) or token.count(".") != 2:
             return None
-        body, mac = token[len(SA_PREFIX):].split(".")
+        body, mac = token[len(prefix):].split(".")
         try:
             payload = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
             claims = json.loads(payload)
@@ -92,9 +106,30 @@ class ServiceAccountTokens:
             return None
         if not hmac.compare_digest(self._mac(payload), mac) or not isinstance(claims, dict):
             return None
-        if not isinstance(claims.get("exp"), int) or claims["exp"] <= now_unix:
+        return claims
+
+    def issue(self, namespace: str, name: str, uid: str, expires_unix: int) -> str:
+        return self.sign(SA_PREFIX, {"ns": namespace, "name": name, "uid": uid, "exp": expires_unix})
+
+    def verify(self, token: str, now_unix: float) -> ServiceAccountRef | None:
+        claims = self.claims(SA_PREFIX, token)
+        if claims is None or not isinstance(claims.get("exp"), int) or claims["exp"] <= now_unix:
             return None
         return ServiceAccountRef(str(claims.get("ns", "")), str(claims.get("name", "")), str(claims.get("uid", "")))
+
+
+@dataclass(frozen=True)
+class NodeTokenRef:
+    """What a node token names: its node and the id of the one token the node holds now."""
+    node: str
+    id: str
+
+
+@dataclass(frozen=True)
+class KubeletTokenRef:
+    """What a kubelet client token is bound to: one Node, by name and uid."""
+    node: str
+    uid: str
 
 
 @dataclass(frozen=True)
@@ -105,17 +140,18 @@ class User:
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def as_user_info(self) -> dict[str, Any]:
-        return {"username": self.name, "uid": self.uid,
-                "groups": list(self.groups) + ["system:authenticated"]}
+        info: dict[str, Any] = {"username": self.name, "uid": self.uid,
+                                "groups": list(self.groups) + ["system:authenticated"]}
+        bound = self.extra.get("kubelet_node")
+        if isinstance(bound, KubeletTokenRef):
+            info["extra"] = {NODE_NAME_EXTRA: [bound.node], NODE_UID_EXTRA: [bound.uid]}
+        return info
 
 
 class TokenAuthenticator:
-    def __init__(self, tokens: dict[str, User], path: Path | None = None,
-                 service_accounts: ServiceAccountTokens | None = None) -> None:
+    def __init__(self, tokens: dict[str, User], service_accounts: ServiceAccountTokens | None = None) -> None:
         self._tokens = tokens
         self.service_accounts = service_accounts
-        self._path = path            # tokens.json: where issued tokens are kept
-        self._static: set[str] = set()  # from --token-auth-file: never written back
 
     def authenticate(self, header: str | None) -> User | None:
         if not header or not header.lower().startswith("bearer "):
@@ -128,6 +164,19 @@ class TokenAuthenticator:
             # The caller must still check that the ServiceAccount exists with this uid.
             return User(f"system:serviceaccount:{ref.namespace}:{ref.name}",
                         (SA_GROUP, f"{SA_GROUP}:{ref.namespace}"), ref.uid, {"serviceaccount": ref})
+        if presented.startswith(NODE_TOKEN_PREFIX.encode()) and self.service_accounts is not None:
+            claims = self.service_accounts.claims(NODE_TOKEN_PREFIX, presented.decode(errors="replace"))
+            if claims is None or not isinstance(claims.get("node"), str) or not isinstance(claims.get("id"), str):
+                return None
+            # The caller must still check that this is the node's current token (nodetokens).
+            return User(NODE_PREFIX + claims["node"], (NODES_GROUP,), "",
+                        {"node_token": NodeTokenRef(claims["node"], claims["id"])})
+        if presented.startswith(KUBELET_TOKEN_PREFIX.encode()) and self.service_accounts is not None:
+            claims = self.service_accounts.claims(KUBELET_TOKEN_PREFIX, presented.decode(errors="replace"))
+            if claims is None or not isinstance(claims.get("node"), str) or not isinstance(claims.get("uid"), str):
+                return None
+            # The caller must still check that the Node exists with this uid (kubeletcredentials).
+            return User(KUBELET_CLIENT, (), "", {"kubelet_node": KubeletTokenRef(claims["node"], claims["uid"])})
         for token, user in self._tokens.items():
             if hmac.compare_digest(token.encode(), presented):
                 return user
@@ -143,27 +192,8 @@ class TokenAuthenticator:
         self._tokens[token] = user
 
     def add_static(self, tokens: dict[str, User]) -> None:
+        """--token-auth-file's tokens (kept in memory only)."""
         self._tokens.update(tokens)
-        self._static.update(tokens)
-
-    def issue_node_token(self, node: str) -> str:
-        """A new token for ``system:node:<node>``; the node's previous tokens stop working."""
-        username = NODE_PREFIX + node
-        for t in [t for t, u in self._tokens.items() if u.name == username and t not in self._static]:
-            del self._tokens[t]
-        token = secrets.token_hex(24)
-        self._tokens[token] = User(username, (NODES_GROUP,))
-        self._save()
-        return token
-
-    def _save(self) -> None:
-        if self._path is None:
-            return
-        raw = {t: {"username": u.name, "groups": list(u.groups), **({"uid": u.uid} if u.uid else {})}
-               for t, u in self._tokens.items() if t not in self._static}
-        tmp = self._path.with_suffix(".tmp")
-        _write_private(tmp, json.dumps(raw, indent=2))
-        os.replace(tmp, self._path)
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -183,15 +213,19 @@ def load_or_create_tokens(data_dir: Path) -> TokenAuthenticator:
             secrets.token_hex(24): {"username": BOOTSTRAP_USER, "groups": [BOOTSTRAP_GROUP]},
         }
         _write_private(path, json.dumps(raw, indent=2))
-    if not any(u.get("username") == KUBELET_CLIENT for u in raw.values()):
-        raw[secrets.token_hex(24)] = {"username": KUBELET_CLIENT, "groups": []}
+    # Older Kube32 kept one token of KUBELET_CLIENT for every plain-HTTP kubelet; no
+    # kubelet accepts a token not bound to itself now, so it goes.
+    shared = [t for t, u in raw.items() if u.get("username") == KUBELET_CLIENT]
+    if shared:
+        for t in shared:
+            del raw[t]
         _write_private(path, json.dumps(raw, indent=2))
     key_path = data_dir / "sa.key"
     if not key_path.exists():
         _write_private(key_path, secrets.token_hex(32))
     sa = ServiceAccountTokens(key_path.read_text().strip().encode())
     return TokenAuthenticator({t: User(u["username"], tuple(u.get("groups", ())), u.get("uid", ""))
-                               for t, u in raw.items()}, path, sa)
+                               for t, u in raw.items()}, sa)
 
 
 def read_token_file(path: Path) -> dict[str, User]:

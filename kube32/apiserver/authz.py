@@ -27,6 +27,11 @@ Invariants:
   only its own Node, Lease and its pods' status; it proxies only to the Services
   its NodePorts serve (type NodePort or LoadBalancer).  Everything else of these
   kinds is a 403 that says why.
+* The API servers' own Leases (``kube-system/kube32-apiserver-*``, how they find their
+  peers: kube32/apiserver/peers.py) and the controllers' leader Lease
+  (``kube-system/kube32-controller-manager``) are written by ``system:kube-apiserver`` alone,
+  before every other rule (``system:masters`` included, which may still delete them):
+  leader-election rights on Leases in kube-system grant no way to pose as a peer.
 * A refusal is a 403 whose message is Kubernetes', word for word:
   ``pods "x" is forbidden: User "jane" cannot get resource "pods" in API group ""
   in the namespace "default"``.
@@ -34,18 +39,27 @@ Invariants:
 from __future__ import annotations
 
 import enum
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
+from .. import objects, terms
+from ..terms import CONTROLLER_MANAGER_LEASE, Annotation, CheckpointPhase
 from . import bodies, errors
+from .auth import APISERVER, User
+from .errors import APIError, qualified
+from .peers import LEASE_PREFIX as APISERVER_LEASE_PREFIX
+from .peers import NAMESPACE as APISERVER_LEASE_NAMESPACE
 from .protobuf import fields as _proto_fields
-from .auth import User
-from .rbac import AUTHENTICATED, MASTERS, Attributes, RBACAuthorizer
+from .proxy import split_proxied_name
+from .rbac import AUTHENTICATED, GROUP, MASTERS, Attributes, RBACAuthorizer
+from .resources import by_plural
+from .routing import json_response, query_flag
+from .selectors import parse_field_selector
+from .strategies.service import NODE_PORT_TYPES
 
 NODES_GROUP = "system:nodes"
 NODE_PREFIX = "system:node:"
-RESTORE_FROM = "kube32.io/restore-from"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 _NAMESPACE_SUBRESOURCES = ("status", "finalize")
 _METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
@@ -82,9 +96,9 @@ def request_attributes(user: User, method: str, path: str, query: Mapping[str, s
     sub = rest[2] if len(rest) > 2 else ""
     if resource == "topics":   # a topic's name may hold slashes
         name, sub = "/".join(rest[1:]), ""
-    watch = (query.get("watch") or "").lower() in ("1", "true")
     if method in ("GET", "HEAD"):
-        verb = "watch" if watch else "get" if name else "list"
+        # As RequestInfo: a named GET is a get whatever ``watch`` says (it is served as one).
+        verb = "get" if name else "watch" if query_flag(query, "watch") else "list"
     elif method == "DELETE":
         verb = "delete" if name else "deletecollection"
     else:
@@ -119,37 +133,38 @@ def node_name(attrs: Attributes) -> str | None:
     return None
 
 
+# Where a pod names other objects: (field, kind, the field holding the name).
+_ENV_FROM = (("configMapRef", "configmaps", "name"), ("secretRef", "secrets", "name"))
+_VALUE_FROM = (("configMapKeyRef", "configmaps", "name"), ("secretKeyRef", "secrets", "name"))
+_VOLUME = (("configMap", "configmaps", "name"), ("secret", "secrets", "secretName"))
+_PROJECTED = (("configMap", "configmaps", "name"), ("secret", "secrets", "name"))
+
+
+def _add_references(refs: dict[str, set[str]], holder: Any, fields: tuple[tuple[str, str, str], ...]) -> None:
+    if not isinstance(holder, dict):
+        return
+    for key, kind, name_field in fields:
+        ref = holder.get(key)
+        if isinstance(ref, dict):
+            refs[kind].add(str(ref.get(name_field) or ""))
+
+
 def pod_references(pod: dict[str, Any]) -> dict[str, set[str]]:
     """The ConfigMaps, Secrets and Checkpoints a pod names."""
-    spec = pod.get("spec") or {}
+    spec = objects.spec(pod)
     refs: dict[str, set[str]] = {"configmaps": set(), "secrets": set(), "checkpoints": set()}
     for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
         if not isinstance(c, dict):
             continue
         for src in c.get("envFrom") or []:
-            if (src or {}).get("configMapRef"):
-                refs["configmaps"].add(src["configMapRef"].get("name", ""))
-            if (src or {}).get("secretRef"):
-                refs["secrets"].add(src["secretRef"].get("name", ""))
+            _add_references(refs, src, _ENV_FROM)
         for e in c.get("env") or []:
-            vf = (e or {}).get("valueFrom") or {}
-            if vf.get("configMapKeyRef"):
-                refs["configmaps"].add(vf["configMapKeyRef"].get("name", ""))
-            if vf.get("secretKeyRef"):
-                refs["secrets"].add(vf["secretKeyRef"].get("name", ""))
+            _add_references(refs, (e or {}).get("valueFrom") if isinstance(e, dict) else None, _VALUE_FROM)
     for v in spec.get("volumes") or []:
-        if not isinstance(v, dict):
-            continue
-        if v.get("configMap"):
-            refs["configmaps"].add(v["configMap"].get("name", ""))
-        if v.get("secret"):
-            refs["secrets"].add(v["secret"].get("secretName", ""))
-        for p in (v.get("projected") or {}).get("sources") or []:
-            if (p or {}).get("configMap"):
-                refs["configmaps"].add(p["configMap"].get("name", ""))
-            if (p or {}).get("secret"):
-                refs["secrets"].add(p["secret"].get("name", ""))
-    restore = ((pod.get("metadata") or {}).get("annotations") or {}).get(RESTORE_FROM)
+        _add_references(refs, v, _VOLUME)
+        for p in ((v.get("projected") or {}).get("sources") or []) if isinstance(v, dict) else []:
+            _add_references(refs, p, _PROJECTED)
+    restore = objects.annotations(pod).get(Annotation.RESTORE_FROM)
     if restore:
         refs["checkpoints"].add(str(restore))
     for k in refs:
@@ -158,11 +173,15 @@ def pod_references(pod: dict[str, Any]) -> dict[str, set[str]]:
 
 
 def _selects(field_selector: str, field: str, node: str) -> bool:
-    terms = [t.strip() for t in field_selector.split(",") if t.strip()]
-    return any(t in (f"{field}={node}", f"{field}=={node}") for t in terms)
+    """Whether the selector, read by the parse the list and watch handlers use, keeps only
+    objects whose ``field`` is ``node`` (its terms all hold: one of them is that)."""
+    try:
+        return (field, "=", node) in parse_field_selector(field_selector).terms
+    except APIError:   # the handler refuses it too
+        return False
 
 
-MOVE_UNDER_WAY = ("Saving", "Moving")  # Checkpoint phases whose target may read the data
+MOVE_UNDER_WAY = CheckpointPhase.IN_FLIGHT  # Checkpoint phases whose target may read the data
 
 
 _NO_RELATION = "no relationship found between node '{node}' and this object"
@@ -175,18 +194,15 @@ class NodeAuthorizer:
         self.registry = registry
 
     async def _pods_on(self, node: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        from .resources import by_plural
-        from .selectors import parse_field_selector
         pods, _ = await self.registry.list(by_plural("pods"), namespace or None,
                                            None, parse_field_selector(f"spec.nodeName={node}"))
         return pods
 
     async def _pod_is_on(self, node: str, namespace: str, name: str) -> bool:
-        from .resources import by_plural
         pod = await self.registry.try_get(by_plural("pods"), namespace, name)
         # A pod that is gone reveals nothing: the request goes on to its 404, so a kubelet
         # confirming a deletion someone else completed is told "not found", not "forbidden".
-        return pod is None or (pod.get("spec") or {}).get("nodeName") == node
+        return pod is None or objects.spec(pod).get("nodeName") == node
 
     async def _referenced(self, node: str, kind: str, namespace: str, name: str) -> bool:
         if kind == "checkpoints" and await self._checkpoint_pod_on(node, namespace, name):
@@ -198,13 +214,11 @@ class NodeAuthorizer:
     async def _pods_moving_to(self, node: str, namespace: str, pod_name: str | None = None) -> list[dict[str, Any]]:
         """The pods that moves under way toward ``node`` are taking there: its kubelet
         begins their restores before the replacements are bound to it (kube32.kubelet.prefetch)."""
-        from .resources import by_plural
-        from .selectors import parse_field_selector
         moves, _ = await self.registry.list(by_plural("checkpoints"), namespace or None, None,
                                             parse_field_selector(f"status.targetNode={node}"))
         out = []
         for ck in moves:
-            spec, st = ck.get("spec") or {}, ck.get("status") or {}
+            spec, st = objects.spec(ck), objects.status(ck)
             name = spec.get("podName")
             if st.get("phase") not in MOVE_UNDER_WAY or not isinstance(name, str) or \
                     (pod_name is not None and name != pod_name):
@@ -217,75 +231,85 @@ class NodeAuthorizer:
     async def _serves_node_ports(self, namespace: str, proxied: str) -> bool:
         """Whether the Service a proxy request names (``[scheme:]name[:port]``) is one the
         nodes answer on a port; one that is gone reveals nothing (its 404 follows)."""
-        from .proxy import split_proxied_name
-        from .resources import by_plural
-        from .strategies.service import NODE_PORT_TYPES
         name = split_proxied_name(proxied)
         if name is None or not namespace:
             return False
         svc = await self.registry.try_get(by_plural("services"), namespace, name)
-        return svc is None or (svc.get("spec") or {}).get("type") in NODE_PORT_TYPES
+        return svc is None or objects.spec(svc).get("type") in NODE_PORT_TYPES
 
     async def _checkpoint_pod_on(self, node: str, namespace: str, name: str) -> bool:
         """Whether the pod a Checkpoint was taken of is on ``node`` and restores from it:
         two reads, where listing the pods on the node costs one decode per pod (a drain's
         restores would be quadratic)."""
-        from .resources import by_plural
         ck = await self.registry.try_get(by_plural("checkpoints"), namespace, name)
-        pod_name = ((ck or {}).get("spec") or {}).get("podName")
+        pod_name = objects.spec(ck).get("podName")
         if not isinstance(pod_name, str) or not pod_name:
             return False
         pod = await self.registry.try_get(by_plural("pods"), namespace, pod_name)
-        return pod is not None and (pod.get("spec") or {}).get("nodeName") == node and \
+        return pod is not None and objects.spec(pod).get("nodeName") == node and \
             name in pod_references(pod)["checkpoints"]
 
     async def authorize(self, a: Attributes) -> tuple[Decision, str]:
         node = node_name(a)
         if node is None or not a.resource_request:
             return Decision.NO_OPINION, ""
-        deny = _NO_RELATION.format(node=node)
+        rule = self._rules.get((a.api_group, a.resource))
+        if rule is not None:
+            return await rule(a, node, _NO_RELATION.format(node=node))
+        return self._writes_and_reviews(a, node)
+
+    @property
+    def _rules(self) -> dict[tuple[str, str], Callable[[Attributes, str, str], Awaitable[tuple[Decision, str]]]]:
+        """(API group, resource) -> its rule; other resources: :meth:`_writes_and_reviews`."""
+        return {("", "nodes"): self._nodes, ("", "pods"): self._pods,
+                ("", "configmaps"): self._referenced_objects, ("", "secrets"): self._referenced_objects,
+                (terms.GROUP, "checkpoints"): self._checkpoints,
+                ("coordination.k8s.io", "leases"): self._leases, ("", "services"): self._services}
+
+    async def _nodes(self, a: Attributes, node: str, deny: str) -> tuple[Decision, str]:
+        if a.subresource == "" and a.verb in ("get", "list", "watch", "create"):
+            return Decision.ALLOW, ""   # create: the name is checked by admit()
+        if a.subresource in ("", "status") and a.verb in ("get", "update", "patch", "delete") and a.name == node:
+            return Decision.ALLOW, ""
+        return Decision.DENY, f"node '{node}' may only change its own Node"
+
+    async def _referenced_objects(self, a: Attributes, node: str, deny: str) -> tuple[Decision, str]:
+        """ConfigMaps and Secrets: only those a pod bound to the node references."""
+        if a.verb == "get" and not a.subresource and a.name and \
+                await self._referenced(node, a.resource, a.namespace, a.name):
+            return Decision.ALLOW, ""
+        return Decision.DENY, deny
+
+    async def _leases(self, a: Attributes, node: str, deny: str) -> tuple[Decision, str]:
+        if a.namespace == NODE_LEASE_NAMESPACE and not a.subresource and (
+                a.name == node or (a.verb == "create" and not a.name)):
+            return Decision.ALLOW, ""
+        return Decision.DENY, f"node '{node}' may only use its own Lease"
+
+    async def _services(self, a: Attributes, node: str, deny: str) -> tuple[Decision, str]:
+        if a.subresource == "" and a.verb in ("get", "list", "watch"):
+            return Decision.ALLOW, ""
+        # As kube-proxy: a node serves NodePort Services, forwarding through services/proxy;
+        # to those alone (open to anyone on the network anyway), not to every Service.
+        if a.subresource == "proxy":
+            if await self._serves_node_ports(a.namespace, a.name):
+                return Decision.ALLOW, ""
+            return Decision.DENY, f"node '{node}' may only proxy to NodePort and LoadBalancer Services"
+        return Decision.DENY, deny
+
+    @staticmethod
+    def _writes_and_reviews(a: Attributes, node: str) -> tuple[Decision, str]:
+        """Events it writes, token and access reviews, Kube32's images, topics and its own
+        credentials; nothing else is the node authorizer's to decide."""
         key = (a.api_group, a.resource)
-        if key == ("", "nodes"):
-            if a.subresource == "" and a.verb in ("get", "list", "watch", "create"):
-                return Decision.ALLOW, ""   # create: the name is checked by admit()
-            if a.subresource in ("", "status") and a.verb in ("get", "update", "patch", "delete") and a.name == node:
-                return Decision.ALLOW, ""
-            return Decision.DENY, f"node '{node}' may only change its own Node"
-        if key == ("", "pods"):
-            return await self._pods(a, node, deny)
-        if key in (("", "configmaps"), ("", "secrets")):
-            if a.verb == "get" and not a.subresource and a.name and \
-                    await self._referenced(node, a.resource, a.namespace, a.name):
-                return Decision.ALLOW, ""
-            return Decision.DENY, deny
-        if key == ("kube32.io", "checkpoints"):
-            return await self._checkpoints(a, node, deny)
-        if key == ("coordination.k8s.io", "leases"):
-            if a.namespace == NODE_LEASE_NAMESPACE and not a.subresource and (
-                    a.name == node or (a.verb == "create" and not a.name)):
-                return Decision.ALLOW, ""
-            return Decision.DENY, f"node '{node}' may only use its own Lease"
-        if key == ("", "services"):
-            if a.subresource == "" and a.verb in ("get", "list", "watch"):
-                return Decision.ALLOW, ""
-            # As kube-proxy: a node serves NodePort Services, forwarding through services/proxy;
-            # to those alone (open to anyone on the network anyway), not to every Service.
-            if a.subresource == "proxy":
-                if await self._serves_node_ports(a.namespace, a.name):
-                    return Decision.ALLOW, ""
-                return Decision.DENY, f"node '{node}' may only proxy to NodePort and LoadBalancer Services"
-            return Decision.DENY, deny
         if key in (("", "events"), ("events.k8s.io", "events")) and a.verb in ("create", "update", "patch"):
             return Decision.ALLOW, ""
         if key in (("authentication.k8s.io", "tokenreviews"),
                    ("authorization.k8s.io", "subjectaccessreviews")) and a.verb == "create":
             return Decision.ALLOW, ""
-        if a.api_group == "kube32.io":
-            if a.resource == "images" and a.verb == "get":
-                return Decision.ALLOW, ""
-            if a.resource == "topics" and a.verb == "create":
-                return Decision.ALLOW, ""
-            if a.resource == "topicevents" and a.verb in ("get", "list", "watch"):
+        allowed = {"images": ("get",), "topics": ("create",), "topicevents": ("get", "list", "watch")}
+        if a.api_group == terms.GROUP:
+            if a.verb in allowed.get(a.resource, ()):
                 return Decision.ALLOW, ""
             if a.resource == "nodecredentials" and a.verb == "create" and a.name == node:
                 return Decision.ALLOW, ""
@@ -306,9 +330,8 @@ class NodeAuthorizer:
     async def _move_target(self, node: str, namespace: str, name: str) -> bool:
         """Whether ``node`` is the target of this Checkpoint's move under way: it may read the
         data before the replacement is bound to it (kube32.kubelet.prefetch)."""
-        from .resources import by_plural
         ck = await self.registry.try_get(by_plural("checkpoints"), namespace, name)
-        st = (ck or {}).get("status") or {}
+        st = objects.status(ck)
         return st.get("targetNode") == node and st.get("phase") in MOVE_UNDER_WAY
 
     async def _pods(self, a: Attributes, node: str, deny: str) -> tuple[Decision, str]:
@@ -334,6 +357,9 @@ class Authorizer:
         self.rbac = RBACAuthorizer(registry)
 
     async def authorize(self, attrs: Attributes) -> tuple[bool, str]:
+        refusal = apiserver_lease_refusal(attrs)
+        if refusal:
+            return False, refusal
         if MASTERS in attrs.groups:
             return True, ""
         decision, reason = await self.node.authorize(attrs)
@@ -344,18 +370,41 @@ class Authorizer:
         return await self.rbac.authorize(attrs)
 
 
+_LEASE_WRITES = ("create", "update", "patch", "delete", "deletecollection")
+
+
+def apiserver_lease_refusal(a: Attributes) -> str:
+    """Why ``a`` may not write an API server's Lease ("" when it may or it is no such write)."""
+    if a.resource != "leases" or a.api_group != "coordination.k8s.io" or a.verb not in _LEASE_WRITES \
+            or a.namespace != APISERVER_LEASE_NAMESPACE or a.user == APISERVER:
+        return ""
+    if a.verb == "deletecollection" and MASTERS not in a.groups:
+        return f"only {APISERVER} deletes the API servers' Leases in {APISERVER_LEASE_NAMESPACE}"
+    if a.name.startswith(APISERVER_LEASE_PREFIX) and not (a.verb == "delete" and MASTERS in a.groups):
+        return (f"Leases named {APISERVER_LEASE_PREFIX}* in {APISERVER_LEASE_NAMESPACE} announce API servers: "
+                f"only {APISERVER} writes them")
+    if a.name == CONTROLLER_MANAGER_LEASE and not (a.verb == "delete" and MASTERS in a.groups):
+        return (f"the Lease {CONTROLLER_MANAGER_LEASE} in {APISERVER_LEASE_NAMESPACE} elects the control planes' "
+                f"controllers: only {APISERVER} writes it")
+    return ""
+
+
 def admit(user: User, plural: str, namespace: str | None, obj: Any) -> None:
-    """Checks on a created object's body that the URL could not express (NodeRestriction)."""
+    """Checks on a created object's body that the URL could not express (NodeRestriction,
+    and the API servers' Leases: :func:`apiserver_lease_refusal` on the body's name)."""
     attrs = Attributes(user.name, groups_of(user), "create", namespace or "",
                        "coordination.k8s.io" if plural == "leases" else "", plural)
+    md = obj.get("metadata") if isinstance(obj, dict) else None
+    name = (md.get("name") or md.get("generateName") or "") if isinstance(md, dict) else ""
+    named = Attributes(user.name, attrs.groups, "create", namespace or "", attrs.api_group, plural, name=name)
+    refusal = apiserver_lease_refusal(named)
+    if refusal:
+        raise forbidden(named, refusal)
     node = node_name(attrs)
     if node is None or not isinstance(obj, dict):
         return
-    md = obj.get("metadata")
-    name = md.get("name", "") if isinstance(md, dict) else ""
     if plural in ("nodes", "leases") and name != node:
-        raise forbidden(Attributes(user.name, attrs.groups, "create", namespace or "", attrs.api_group,
-                                   plural, name=name), f"node '{node}' cannot create a {plural[:-1]} "
+        raise forbidden(named, f"node '{node}' cannot create a {plural[:-1]} "
                                                        f"named '{name}'")
 
 
@@ -381,7 +430,6 @@ def review_attributes(user: str, groups: tuple[str, ...], spec: dict[str, Any], 
 
 def _review_response(kind: str, body: dict[str, Any], spec: dict[str, Any], allowed: bool,
                      reason: str) -> web.Response:
-    from .server import json_response
     status: dict[str, Any] = {"allowed": allowed}
     if reason:
         status["reason"] = reason
@@ -475,7 +523,6 @@ def add_routes(router: web.UrlDispatcher, authorizer: Authorizer) -> None:
         return _review_response(kind, body, spec, allowed, reason)
 
     async def rules_review(request: web.Request) -> web.Response:
-        from .server import json_response
         user: User = request["user"]
         body, spec = await _review_body(request, "selfsubjectrulesreviews", decode_rules_review_protobuf)
         ns = str(spec.get("namespace") or "")
@@ -495,7 +542,6 @@ def add_routes(router: web.UrlDispatcher, authorizer: Authorizer) -> None:
                                          "incomplete": node_name(attrs) is not None}}, 201)
 
     async def who_am_i(request: web.Request) -> web.Response:
-        from .server import json_response
         user: User = request["user"]
         await bodies.read_raw(request)      # any body: the answer is the caller
         info = {"username": user.name, "uid": user.uid, "groups": list(groups_of(user))}
@@ -545,7 +591,6 @@ async def check_escalation(authorizer: Authorizer, user: User, plural: str, name
     groups = groups_of(user)
     if MASTERS in groups or not isinstance(obj, dict):
         return
-    from .rbac import GROUP
     ns = namespace if isinstance(namespace, str) else ""
     md = obj.get("metadata")
     name = str(md.get("name", "")) if isinstance(md, dict) else ""
@@ -555,11 +600,10 @@ async def check_escalation(authorizer: Authorizer, user: User, plural: str, name
         special = Attributes(user.name, groups, "escalate", ns, GROUP, plural, "", name)
         rules = obj.get("rules") or []
     elif plural in ("rolebindings", "clusterrolebindings"):
-        ref = obj.get("roleRef") if isinstance(obj.get("roleRef"), dict) else {}
+        ref: dict[str, Any] = obj["roleRef"] if isinstance(obj.get("roleRef"), dict) else {}
         role_plural = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
         special = Attributes(user.name, groups, "bind", ns if role_plural == "roles" else "", GROUP,
                              role_plural, "", str(ref.get("name", "")))
-        from .resources import by_plural
         role = await authorizer.rbac.registry.try_get(by_plural(role_plural),
                                                       ns if role_plural == "roles" else None,
                                                       str(ref.get("name", ""))) if ref.get("name") else None
@@ -577,7 +621,6 @@ async def check_escalation(authorizer: Authorizer, user: User, plural: str, name
                 missing.append(_rule_text(rule))
                 break
     if missing:
-        from .errors import APIError, qualified
         shown = " ".join(f'"{g}"' for g in groups)
         raise APIError(403, "Forbidden",
                        f'{qualified(plural, GROUP)} "{name}" is forbidden: user "{user.name}" (groups=[{shown}]) '

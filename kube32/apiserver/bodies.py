@@ -18,9 +18,13 @@ Bounds (:mod:`.limits`), each refused with a status that says which:
 * values: more than ``MAX_VALUES`` is a 413, measured the same ways;
 * expansion: YAML aliases and merge keys that would expand past ``MAX_DECODED`` bytes
   are a 413 (:mod:`.yamlbody`);
-* values with no JSON form (NaN, Infinity) are a 400.
+* values with no JSON form are a 400: NaN and Infinity, and numbers too large for a
+  64-bit float (``1e999``, which Python would read as Infinity, and kube-apiserver's Go
+  decoder refuses), in JSON, in JSON sent as YAML and in YAML (``.inf``).  The
+  registry's encoder refuses them too (:func:`.registry.encode`), so no other path
+  stores one.
 
-Decoding a large body runs on a worker thread (two at most), so the event loop that
+Decoding a large body runs on a worker thread (two at most: :mod:`.offload`), so the event loop that
 answers health checks and Lease renewals keeps running while it works; and requests
 with large bodies are handled one at a time (:class:`HeavyBodies`, as kube-apiserver's
 priority and fairness queues heavy writes apart from Leases and health checks), so
@@ -31,23 +35,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+import re
+from typing import Any, Callable
 
 import yaml
 from aiohttp import web
 
 from ..serving import BODY_TIMEOUT
-from . import errors, jsonshape, protobuf, yamlbody
-from .limits import MAX_BODY, MAX_DECODED, MAX_DEPTH, MAX_VALUES
+from . import errors, jsonshape, offload, protobuf, yamlbody
+from .limits import MAX_BODY, MAX_DECODED, MAX_DEPTH, MAX_VALUES, out_of_range
 from .resources import Resource
 
-__all__ = ["MAX_BODY", "HeavyBodies", "read_raw", "read_body", "decode", "decode_async", "media_type",
+__all__ = ["MAX_BODY", "HeavyBodies", "read_raw", "read_body", "body_size", "decode", "decode_async", "media_type",
            "check_fields"]
 
-INLINE_DECODE = 16 << 10  # bytes: a larger body is decoded on a worker thread
+INLINE_DECODE = 16 << 10  # bytes: a larger body is decoded on a worker thread (.offload)
 HEAVY_BODY = 64 << 10     # bytes: a larger body makes its request wait its turn (HeavyBodies)
-_DECODERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kube32-decode")
+BODY_SIZE = "kube32.body-size"   # the request's key for the size of its body, once read
 
 
 class HeavyBodies:
@@ -91,6 +95,35 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value (JSON has no NaN or infinity)")
 
 
+class _NotFinite(ValueError):
+    pass
+
+
+def _number(parse: Callable[[str], int | float]) -> Callable[[str], int | float]:
+    """A JSON number read by ``parse``, refused when it is out of a 64-bit float's range
+    (:func:`.limits.out_of_range`: ``1e999`` would be Infinity, which JSON has not)."""
+    def read(text: str) -> int | float:
+        value = parse(text)
+        if out_of_range(value):
+            shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+            raise _NotFinite(f"the number {shown} is out of the range of a 64-bit float "
+                             "(JSON has no infinity)")
+        return value
+    return read
+
+
+_READ_FLOAT, _READ_INT = _number(float), _number(int)
+# Only a number with an exponent or of 309 digits and more can be out of a float's range;
+# a body with neither (strings counted: a false match only costs the slower read) skips
+# the per-number check.
+_MAYBE_OUT_OF_RANGE = re.compile(rb"[0-9][eE]|[0-9]{309}")
+
+
+class _NumberRefused(errors.APIError):
+    """A body that is JSON but holds a number no JSON value can be: refused whatever the
+    content type says (JSON sent as YAML is not read again as YAML for it)."""
+
+
 # --- reading ---------------------------------------------------------------------------
 async def read_raw(request: web.Request, limit: int = MAX_BODY) -> bytes:
     length = request.content_length
@@ -116,10 +149,18 @@ def media_type(request: web.Request) -> str:
 async def read_body(request: web.Request, what: str, ctype: str | None = None) -> Any:
     """The request's body, read (bounded) and decoded as ``ctype`` (default: its Content-Type)."""
     raw = await read_raw(request)
+    request[BODY_SIZE] = len(raw)
     heavy = request.app.get(HeavyBodies.KEY)
     if len(raw) > HEAVY_BODY and isinstance(heavy, HeavyBodies):
         await heavy.wait_turn(request)
     return await decode_async(raw, ctype or media_type(request), what)
+
+
+def body_size(request: web.Request) -> int:
+    """The size in bytes of the body :func:`read_body` read (0 before): the registry does
+    every pass over what a large body makes on a worker thread."""
+    size = request.get(BODY_SIZE, 0)
+    return size if isinstance(size, int) else 0
 
 
 # --- decoding --------------------------------------------------------------------------
@@ -146,9 +187,14 @@ def _decode_json(raw: bytes, what: str) -> Any:
         raise errors.too_large(f"{what}: the body holds about {measured.values} values, more than the limit "
                                f"of {MAX_VALUES}")
     try:
-        return json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        if _MAYBE_OUT_OF_RANGE.search(raw) is None:   # the common case, at C speed
+            return json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        return json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                          parse_float=_READ_FLOAT, parse_int=_READ_INT)
     except _DuplicateKey as e:
         raise errors.bad_request(f'{what}: strict decoding error: json: duplicate field "{e}"') from None
+    except _NotFinite as e:
+        raise _NumberRefused(400, "BadRequest", f"{what}: the body is not valid JSON: {e}") from None
     except (ValueError, UnicodeDecodeError) as e:   # JSONDecodeError, NaN, an int of 4300+ digits
         reason = str(e).split("; use sys.")[0]   # Python's advice is not the client's
         raise errors.bad_request(f"{what}: the body is not valid JSON: {reason}") from None
@@ -160,6 +206,8 @@ def _decode_yaml(raw: bytes, what: str) -> Any:
         # the same bounds; anything JSON refuses is read as YAML after all.
         try:
             return _decode_json(raw, what)
+        except _NumberRefused:
+            raise
         except errors.APIError:
             pass
     try:
@@ -188,7 +236,7 @@ async def decode_async(raw: bytes, ctype: str, what: str) -> Any:
     """:func:`decode`, on a worker thread when the body is large."""
     if len(raw) <= INLINE_DECODE:
         return decode(raw, ctype, what)
-    return await asyncio.get_running_loop().run_in_executor(_DECODERS, decode, raw, ctype, what)
+    return await offload.run(decode, raw, ctype, what)
 
 
 def check_fields(res: Resource, obj: Any, validation: str, *, status_only: bool = False) -> list[str]:

@@ -1,15 +1,11 @@
-"""Discovery and OpenAPI documents, built once from the resource table.
+"""Discovery documents, built once from the resource table.
 
 kubectl 1.32 reads ``/api``, ``/apis`` and each group version's
-APIResourceList (legacy discovery; it caches them), and before ``apply`` /
-``create -f`` it reads ``/openapi/v3`` and the group version's document: when
-that document has a PATCH operation for the object's GVK with a
-``fieldValidation`` query parameter, kubectl leaves validation to the server
-(``fieldValidation=Strict``), which the registry then performs.
+APIResourceList (legacy discovery; it caches them).  The OpenAPI documents are
+kube32.apiserver.openapi's.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from functools import lru_cache
 from typing import Any
@@ -73,43 +69,6 @@ def _resource_list_json(group_version: str) -> str | None:
 def api_resource_list(group_version: str) -> dict[str, Any] | None:
     text = _resource_list_json(group_version)
     return json.loads(text) if text else None
-
-
-def _openapi_path(gv: str) -> str:
-    return f"api/{gv}" if "/" not in gv else f"apis/{gv}"
-
-
-@lru_cache(maxsize=None)
-def openapi_gv_document(path: str) -> dict[str, Any] | None:
-    gv = path[len("api/"):] if path.startswith("api/") else path[len("apis/"):]
-    resources = GROUP_VERSIONS.get(gv)
-    if resources is None:
-        return None
-    paths: dict[str, Any] = {}
-    field_validation = {"name": "fieldValidation", "in": "query", "schema": {"type": "string"},
-                        "description": "fieldValidation instructs the server on how to handle objects "
-                                       "in the request containing unknown or duplicate fields."}
-    for r in resources:
-        gvk = {"group": r.group, "version": r.version, "kind": r.kind}
-        base = f"/{_openapi_path(gv)}/" + (f"namespaces/{{namespace}}/{r.plural}" if r.namespaced else r.plural)
-        op = lambda verb: {"operationId": f"{verb}{r.kind}", "x-kubernetes-action": verb,
-                           "x-kubernetes-group-version-kind": gvk, "parameters": [field_validation],
-                           "responses": {"200": {"description": "OK"}}}
-        paths[base] = {"post": op("post"), "get": op("list")}
-        paths[base + "/{name}"] = {"get": op("get"), "put": op("put"), "patch": op("patch"),
-                                   "delete": op("delete")}
-    return {"openapi": "3.0.0", "info": {"title": "Kube32", "version": "v1.32.4-kube32"},
-            "paths": paths, "components": {"schemas": {}}}
-
-
-@lru_cache(maxsize=None)
-def openapi_root() -> dict[str, Any]:
-    paths = {}
-    for gv in GROUP_VERSIONS:
-        p = _openapi_path(gv)
-        h = hashlib.sha256(json.dumps(openapi_gv_document(p), sort_keys=True).encode()).hexdigest()[:32].upper()
-        paths[p] = {"serverRelativeURL": f"/openapi/v3/{p}?hash={h}"}
-    return {"paths": paths}
 
 
 ALL_RESOURCES = RESOURCES

@@ -73,14 +73,23 @@ def conflict(plural: str, name: str, group: str = "", why: str | None = None) ->
                     details=_details(plural, name, group))
 
 
+# The reason of a field error, from the words its message starts with (apimachinery's field.ErrorType).
+_REASONS = (("Forbidden", "FieldValueForbidden"), ("Required value", "FieldValueRequired"),
+            ("Duplicate value", "FieldValueDuplicate"), ("Unsupported value", "FieldValueNotSupported"),
+            ("Too long", "FieldValueTooLong"), ("Too many", "FieldValueTooMany"))
+
+
+def _reason(message: str) -> str:
+    return next((reason for words, reason in _REASONS if message.startswith(words)), "FieldValueInvalid")
+
+
 def invalid(kind: str, name: str, causes: list[tuple[str, str]], group: str = "") -> APIError:
     """422 Invalid; ``causes`` are (field, message) pairs, as Kubernetes' field errors."""
     text = "; ".join(f"{f}: {m}" if f else m for f, m in causes)
     if len(causes) > 1:
         text = "[" + ", ".join(f"{f}: {m}" if f else m for f, m in causes) + "]"
     details = _details(kind, name, group)
-    details["causes"] = [{"reason": "FieldValueInvalid", "message": m, "field": f}
-                         for f, m in causes]
+    details["causes"] = [{"reason": _reason(m), "message": m, "field": f} for f, m in causes]
     return APIError(422, "Invalid", f'{kind} "{name}" is invalid: {text}', details=details)
 
 
@@ -104,12 +113,16 @@ def method_not_allowed(message: str) -> APIError:
     return APIError(405, "MethodNotAllowed", message)
 
 
-def unsupported_media_type(ctype: str) -> APIError:
+OBJECT_MEDIA_TYPES = ("application/json", "application/yaml", "application/merge-patch+json",
+                      "application/strategic-merge-patch+json", "application/json-patch+json",
+                      "application/apply-patch+yaml")
+
+
+def unsupported_media_type(ctype: str, accepted: tuple[str, ...] = OBJECT_MEDIA_TYPES) -> APIError:
+    """A 415 naming the body's type and the types the path accepts (an object's by default)."""
     return APIError(415, "UnsupportedMediaType",
                     f'the body of the request was in an unknown format - accepted media types include: '
-                    f'application/json, application/yaml, application/merge-patch+json, '
-                    f'application/strategic-merge-patch+json, application/json-patch+json, '
-                    f'application/apply-patch+yaml (got "{ctype}")')
+                    f'{", ".join(accepted)} (got "{ctype}")')
 
 
 def too_large(message: str) -> APIError:

@@ -40,11 +40,13 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from ..terms import API_VERSION, GROUP_PATH
 from . import errors
+from .routing import query_flag
 
 MAX_PAYLOAD = 64 << 10
 QUEUE_LIMIT = 1024
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}\Z")
 
 
 END = b""  # queued to a subscription: its stream ends
@@ -186,19 +188,23 @@ def add_routes(router: web.UrlDispatcher, bus: EventBus,
         if namespace_open is not None:
             await namespace_open(ns)
         # The whole body, however it arrives (content.read(n) may return a first piece only).
-        payload = bytearray()
+        received = bytearray()
         async for chunk in request.content.iter_chunked(1 << 16):
-            payload += chunk
-            if len(payload) > MAX_PAYLOAD:
+            received += chunk
+            if len(received) > MAX_PAYLOAD:
                 raise errors.APIError(413, "RequestEntityTooLarge",
                                       f"an event payload may be at most {MAX_PAYLOAD} bytes")
-        payload = bytes(payload)
+        payload = bytes(received)
         reached = bus.publish(ns, topic, payload, request.query.get("source", ""))
-        body = {"kind": "TopicEvent", "apiVersion": "kube32.io/v1", "namespace": ns, "topic": topic,
+        body = {"kind": "TopicEvent", "apiVersion": API_VERSION, "namespace": ns, "topic": topic,
                 "size": len(payload), "subscribers": reached}
         return web.Response(body=json.dumps(body).encode(), status=201, content_type="application/json")
 
     async def subscribe(request: web.Request) -> web.StreamResponse:
+        if not query_flag(request.query, "watch"):
+            # Served only as what it is authorised as: a watch (a list would be authorised
+            # as "list" and answered with the stream).
+            raise errors.bad_request("topicevents is a stream of events: subscribe with ?watch=true")
         if bus.closed:
             raise errors.service_unavailable("the API server is stopping", retry_after=1)
         q = bus.subscribe()
@@ -220,5 +226,5 @@ def add_routes(router: web.UrlDispatcher, bus: EventBus,
             bus.unsubscribe(q)
         return resp
 
-    router.add_post("/apis/kube32.io/v1/namespaces/{ns}/topics/{topic:.+}", publish)
-    router.add_get("/apis/kube32.io/v1/topicevents", subscribe)
+    router.add_post(GROUP_PATH + "/namespaces/{ns}/topics/{topic:.+}", publish)
+    router.add_get(GROUP_PATH + "/topicevents", subscribe)

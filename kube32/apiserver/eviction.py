@@ -6,8 +6,8 @@ After Kubernetes' eviction REST (``pkg/registry/core/pod/storage/eviction.go``):
   already being deleted is evicted without looking at budgets.
 * Otherwise every PodDisruptionBudget of the namespace whose selector matches
   the pod is consulted (more than one: 500, as Kubernetes).  The budget is computed
-  here from the pods as they are *now* (:func:`budget_status`, the same function
-  the disruption controller writes into ``status``), under a lock, so two
+  here from the pods as they are *now* (:func:`kube32.budgets.budget_status`, the same
+  function the disruption controller writes into ``status``), under a lock, so two
   evictions at once cannot both take the last allowed disruption.
 * A budget with no disruption left refuses with 429 TooManyRequests "Cannot evict
   pod as it would violate the pod's disruption budget." and a cause naming the
@@ -24,108 +24,51 @@ After Kubernetes' eviction REST (``pkg/registry/core/pod/storage/eviction.go``):
   (graceful for bound pods), and its owner starts a new one.  A second eviction of
   a pod whose move is under way starts no second move.
 * A pod that is the replacement of a move under way (restoring on its target) is
-  not deleted, which would lose its state: the eviction waits up to ``REPLACED_WAIT``
+  not deleted, which would lose its state: the eviction waits up to ``timing.REPLACED_WAIT``
   seconds for the move to end and then decides on the pod as it is (moved on if it
   runs there; gone back to its source if it rolled back), or answers 429 to be asked
   again (``kubectl drain`` retries every 5 s).
 * The answer to an eviction that moves a pod waits, outside the lock and for at most
-  ``REPLACED_WAIT`` seconds, until the pod is replaced (a new uid, or gone) or its
-  move ended otherwise.  ``kubectl drain`` looks at the pod right after the answer
-  and then once a second: answered at once, its first look would find the old pod
-  (the move takes tens of milliseconds) and the drain would sit a second on it.
-  Kubernetes answers when the deletion starts; here the "deletion" is the move.
+  ``timing.REPLACED_WAIT`` seconds, for the move to end, and says how it ended:
+  ``Completed`` (the replacement runs on its new node) or failed before the replacement
+  (the pod is deleted, as an eviction deletes it) is 201; rolled back to the node it was
+  to leave (with its state: a cordoned source takes it back only when no other node
+  does) is 429 TooManyRequests naming the move and its reason, so ``kubectl drain``
+  prints it, asks again and never says the node is drained while the pod runs there;
+  rolled back elsewhere (the pod left the node) is 201.  A move still under way at the
+  bound (its replacement restoring) is 201: the replacement has its new uid, which is
+  what ``kubectl drain`` waits for (spec).  The move is marked
+  ``kube32.io/eviction-answered`` first, so that a later rollback never takes the pod
+  back to a cordoned source (the Checkpoint controller's ``rollback_node``): a drained
+  node never gets back a pod its drain was told had gone.  ``kubectl drain`` looks at the
+  pod right after the answer and then once a second: answered at once, its first look
+  would find the old pod (the move takes tens of milliseconds) and the drain would sit a
+  second on it.  Kubernetes answers when
+  the deletion starts; here the "deletion" is the move.
+* For ``timing.EVICTION_BACKOFF_AFTER_ROLLBACK`` seconds after an eviction's move of a pod
+  rolled back to its source, evictions of that pod are refused the same way (429, the move named)
+  instead of moving it again: each try would freeze it and most likely roll back again.
 """
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+import time
 from typing import Any, Callable
 
 from aiohttp import web
 
-from .. import movability
-from ..intstr import scaled_value
-from . import dryrun, errors, meta
-from .registry import Registry
+from .. import movability, objects, timing
+from ..budgets import BudgetStatus, budget_status, pdb_selects, pod_ready
+from ..terms import API_VERSION, Annotation, CheckpointAction, CheckpointPhase, Label, PodPhase, Trigger
+from . import dryrun, errors
+from .registry import PATCH_MERGE, Registry, check_preconditions
 from .resources import by_plural
-from .selectors import parse_field_selector, selector_from_match
+from .selectors import parse_field_selector
 
 Obj = dict[str, Any]
 
 VIOLATION = "Cannot evict pod as it would violate the pod's disruption budget."
-REPLACED_WAIT = 5.0  # seconds an eviction's answer may wait for its move's replacement
-
-
-# --- budgets (pure) ---------------------------------------------------------------
-
-def pdb_selects(pdb: Obj, pod: Obj) -> bool:
-    """policy/v1: a null selector selects nothing, an empty one every pod of the namespace."""
-    selector = (pdb.get("spec") or {}).get("selector")
-    if selector is None or meta.namespace_of(pdb) != meta.namespace_of(pod):
-        return False
-    try:
-        return selector_from_match(selector).matches(meta.labels_of(pod))
-    except (KeyError, TypeError, errors.APIError):
-        return False
-
-
-def pod_ready(pod: Obj) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [] if isinstance(c, dict))
-
-
-def pod_healthy(pod: Obj) -> bool:
-    return not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_ready(pod)
-
-
-@dataclass(frozen=True)
-class BudgetStatus:
-    expected_pods: int
-    current_healthy: int
-    desired_healthy: int
-    disruptions_allowed: int
-
-    def as_status(self) -> Obj:
-        return {"expectedPods": self.expected_pods, "currentHealthy": self.current_healthy,
-                "desiredHealthy": self.desired_healthy, "disruptionsAllowed": self.disruptions_allowed}
-
-
-def expected_count(pods: list[Obj], scale_of: dict[str, int]) -> int:
-    """How many pods the budget protects: each controller's desired count (``scale_of``,
-    by controller uid) once, each pod without a known controller as one."""
-    seen: set[str] = set()
-    total = 0
-    for pod in pods:
-        ctrl = next((r for r in (pod.get("metadata") or {}).get("ownerReferences") or []
-                     if isinstance(r, dict) and r.get("controller")), None)
-        uid = ctrl.get("uid") if ctrl else None
-        if uid and uid in scale_of:
-            if uid not in seen:
-                seen.add(uid)
-                total += scale_of[uid]
-        else:
-            total += 1
-    return total
-
-
-def budget_status(pdb: Obj, pods: list[Obj], scale_of: dict[str, int] | None = None) -> BudgetStatus:
-    """The budget over the pods it selects (``pods`` may hold others: they are filtered).
-    Raises ValueError naming a bad minAvailable/maxUnavailable."""
-    mine = [p for p in pods if pdb_selects(pdb, p)
-            and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
-    healthy = sum(1 for p in mine if pod_healthy(p))
-    spec = pdb.get("spec") or {}
-    if spec.get("maxUnavailable") is not None:
-        expected = expected_count(mine, scale_of or {})
-        desired = max(0, expected - scaled_value(spec["maxUnavailable"], expected, round_up=True))
-    elif spec.get("minAvailable") is not None:
-        value = spec["minAvailable"]
-        expected = expected_count(mine, scale_of or {}) if isinstance(value, str) and value.strip().endswith("%") else len(mine)
-        desired = scaled_value(value, expected, round_up=True)
-    else:
-        expected, desired = len(mine), len(mine)
-    return BudgetStatus(expected, healthy, desired, max(0, healthy - desired))
 
 
 # --- the handler ------------------------------------------------------------------
@@ -133,6 +76,27 @@ def budget_status(pdb: Obj, pods: list[Obj], scale_of: dict[str, int] | None = N
 def _success() -> web.Response:
     body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
     return web.Response(body=json.dumps(body).encode(), status=201, content_type="application/json")
+
+
+def not_evicted(pod_name: str, move: Obj, ago: float = 0.0) -> errors.APIError:
+    """The 429 of an eviction whose move (``move``, an eviction's) rolled back ``ago``
+    seconds ago: the pod is back where it was asked to leave, with its state."""
+    left = max(1, round(timing.EVICTION_BACKOFF_AFTER_ROLLBACK - ago))
+    return errors.too_many_requests(
+        f'pod "{pod_name}" was not evicted: its move (checkpoint {objects.name(move)}) failed: '
+        f'{objects.status(move).get("message") or "rolled back"}; evictions do not move it again for {left} s')
+
+
+def _rolled_back_recently(moves: list[Obj], now: float) -> tuple[Obj, float] | None:
+    """The latest of an eviction's ``moves`` of a pod that rolled back less than
+    timing.EVICTION_BACKOFF_AFTER_ROLLBACK seconds ago, and how long ago, if any."""
+    recent = []
+    for ck in moves:
+        finished = objects.parse_time(objects.status(ck).get("finishedAt"))
+        if objects.labels(ck).get(Label.TRIGGER) == Trigger.EVICTION and movability.rolled_back_to_source(ck) \
+                and finished is not None and now - finished.timestamp() < timing.EVICTION_BACKOFF_AFTER_ROLLBACK:
+            recent.append((ck, max(0.0, now - finished.timestamp())))
+    return min(recent, key=lambda r: r[1]) if recent else None
 
 
 def violation(pdb_name: str, status: BudgetStatus) -> errors.APIError:
@@ -144,7 +108,7 @@ def violation(pdb_name: str, status: BudgetStatus) -> errors.APIError:
 
 
 class EvictionHandler:
-    """Installed as ``APIServer.eviction_handler``: (request, target, Eviction body) -> response."""
+    """``APIServer.evictions``: (request, target, Eviction body) -> response."""
 
     def __init__(self, registry: Registry,
                  image_exports: Callable[[str], list[str] | None] | None = None) -> None:
@@ -164,6 +128,9 @@ class EvictionHandler:
                 pod = await self.registry.get(t.res, t.namespace, t.name)
                 if first_uid is not None and pod["metadata"].get("uid") != first_uid:
                     return _success()  # the move rolled back: the pod asked to leave is gone from here
+                # A move keeps the name, so a client that names the pod it meant by uid must
+                # not evict its replacement: judged before budgets, as Kubernetes does.
+                check_preconditions(t.res, pod, options.get("preconditions"))
                 first_uid = pod["metadata"].get("uid")
                 restoring = await self._move_restoring(pod)
                 if restoring is None:
@@ -172,12 +139,32 @@ class EvictionHandler:
                     break
             if last_try:
                 raise errors.too_many_requests(
-                    f'pod "{meta.name_of(pod)}" is being restored here by move {meta.name_of(restoring)}: it can '
+                    f'pod "{objects.name(pod)}" is being restored here by move {objects.name(restoring)}: it can '
                     "be evicted once the move ends (it runs here, or goes back to its source)")
             await self._until_move_ends(restoring)
         if move is not None and not dry_run:
-            await self._until_replaced(pod, move)
+            ended = await self._until_finished(move)
+            if ended is None:
+                ended = await self._answered(move)
+            if movability.rolled_back_to_source(ended):
+                assert ended is not None
+                raise not_evicted(objects.name(pod), ended)
         return _success()
+
+    async def _answered(self, move: Obj) -> Obj | None:
+        """Mark ``move``, still under way, ``kube32.io/eviction-answered`` before the answer
+        says the pod left: should it roll back later, the pod does not go back to its source
+        while that node is cordoned (a drain was told it had gone).  The move as marked
+        (it may have rolled back just before), or None when it is gone."""
+        try:
+            marked, _ = await self.registry.patch(
+                by_plural("checkpoints"), objects.namespace(move), objects.name(move), PATCH_MERGE,
+                {"metadata": {"annotations": {Annotation.EVICTION_ANSWERED: "true"}}})
+        except errors.APIError as e:
+            if e.code == 404:
+                return None
+            raise
+        return marked
 
     async def _move_restoring(self, pod: Obj) -> Obj | None:
         """The move under way whose replacement ``pod`` is, if it is one: deleting it would
@@ -186,7 +173,7 @@ class EvictionHandler:
         if name is None:
             return None
         try:
-            ck = await self.registry.get(by_plural("checkpoints"), meta.namespace_of(pod), name)
+            ck = await self.registry.get(by_plural("checkpoints"), objects.namespace(pod), name)
         except errors.APIError as e:
             if e.code == 404:
                 return None
@@ -194,22 +181,22 @@ class EvictionHandler:
         return ck if movability.replacement_of_move(ck, pod) else None
 
     async def _until_move_ends(self, move: Obj) -> None:
-        """Until ``move`` is no longer under way, at most REPLACED_WAIT seconds (a restore
+        """Until ``move`` is no longer under way, at most timing.REPLACED_WAIT seconds (a restore
         takes milliseconds; a target that never finishes it rolls back within the
         rollback timeout)."""
         try:
-            await asyncio.wait_for(self._watch_until("checkpoints", move, lambda _, c: (c.get("status") or {}).get(
-                "phase") not in ("Saving", "Moving")), REPLACED_WAIT)
+            await asyncio.wait_for(self._watch_until("checkpoints", move, lambda _, c: objects.status(c).get(
+                "phase") not in CheckpointPhase.IN_FLIGHT), timing.REPLACED_WAIT)
         except (asyncio.TimeoutError, errors.APIError):
             pass  # looked at again by the caller
 
     async def check_budgets(self, pod: Obj) -> None:
         """Raise 429 when a budget forbids evicting ``pod`` now."""
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if objects.meta(pod).get("deletionTimestamp"):
             return
-        if (pod.get("status") or {}).get("phase") in ("Pending", "Succeeded", "Failed"):
+        if objects.phase(pod) in (PodPhase.PENDING, PodPhase.SUCCEEDED, PodPhase.FAILED):
             return
-        ns = meta.namespace_of(pod)
+        ns = objects.namespace(pod)
         pdbs, _ = await self.registry.list(by_plural("poddisruptionbudgets"), ns)
         mine = [p for p in pdbs if pdb_selects(p, pod)]
         if not mine:
@@ -222,23 +209,23 @@ class EvictionHandler:
         try:
             status = budget_status(pdb, pods, await self._scales(ns))
         except ValueError as e:
-            raise errors.internal(f"the disruption budget {meta.name_of(pdb)} is invalid: {e}") from None
+            raise errors.internal(f"the disruption budget {objects.name(pdb)} is invalid: {e}") from None
         if not pod_ready(pod):
-            policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy") or "IfHealthyBudget"
+            policy = objects.spec(pdb).get("unhealthyPodEvictionPolicy") or "IfHealthyBudget"
             if policy == "AlwaysAllow" or status.current_healthy >= status.desired_healthy:
                 return
         if status.disruptions_allowed <= 0:
-            raise violation(meta.name_of(pdb), status)
+            raise violation(objects.name(pdb), status)
 
     async def _scales(self, ns: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for plural in ("replicasets", "deployments"):
             items, _ = await self.registry.list(by_plural(plural), ns)
             for obj in items:
-                out[obj["metadata"].get("uid", "")] = int((obj.get("spec") or {}).get("replicas", 1) or 0)
+                out[obj["metadata"].get("uid", "")] = int(objects.spec(obj).get("replicas", 1) or 0)
         items, _ = await self.registry.list(by_plural("daemonsets"), ns)
         for obj in items:
-            out[obj["metadata"].get("uid", "")] = int((obj.get("status") or {}).get("desiredNumberScheduled", 0) or 0)
+            out[obj["metadata"].get("uid", "")] = int(objects.status(obj).get("desiredNumberScheduled", 0) or 0)
         return out
 
     async def carry_out(self, pod: Obj, options: Obj, dry_run: bool) -> Obj | None:
@@ -246,18 +233,18 @@ class EvictionHandler:
         Returns the Move Checkpoint carrying out the eviction, if it is a move."""
         if self.can_move(pod):
             return await self._move(pod, dry_run)
-        if (pod.get("metadata") or {}).get("uid") and not (options.get("preconditions") or {}).get("uid"):
+        if objects.meta(pod).get("uid") and not (options.get("preconditions") or {}).get("uid"):
             options = {**options, "preconditions": {**(options.get("preconditions") or {}),
                                                     "uid": pod["metadata"]["uid"]}}
-        await self.registry.delete(by_plural("pods"), meta.namespace_of(pod), meta.name_of(pod),
+        await self.registry.delete(by_plural("pods"), objects.namespace(pod), objects.name(pod),
                                    options=options, dry_run=dry_run)
         return None
 
     def can_move(self, pod: Obj) -> bool:
-        spec, status = pod.get("spec") or {}, pod.get("status") or {}
-        if not spec.get("nodeName") or status.get("phase") != "Running":
+        spec, status = objects.spec(pod), objects.status(pod)
+        if not spec.get("nodeName") or status.get("phase") != PodPhase.RUNNING:
             return False
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if objects.meta(pod).get("deletionTimestamp"):
             return False
         containers = spec.get("containers") or []
         if len(containers) != 1:
@@ -267,41 +254,45 @@ class EvictionHandler:
         return not movability.spec_blockers(pod, exports)
 
     async def _move(self, pod: Obj, dry_run: bool) -> Obj | None:
-        ns, name = meta.namespace_of(pod), meta.name_of(pod)
+        ns, name = objects.namespace(pod), objects.name(pod)
         checkpoints = by_plural("checkpoints")
         existing, _ = await self.registry.list(checkpoints, ns)
-        for ck in existing:
-            if ((ck.get("spec") or {}).get("podName") == name and (ck.get("spec") or {}).get("action") == "Move"
-                    and (ck.get("status") or {}).get("phase") in ("Pending", "Saving", "Moving")):
+        moves = [ck for ck in existing if objects.spec(ck).get("podName") == name
+                 and objects.spec(ck).get("action") == CheckpointAction.MOVE
+                 and not objects.meta(ck).get("deletionTimestamp")]
+        for ck in moves:
+            if objects.phase(ck) in (CheckpointPhase.PENDING, CheckpointPhase.SAVING, CheckpointPhase.MOVING):
                 return ck  # a move is under way: the eviction is that move
+        recent = _rolled_back_recently(moves, time.time())
+        if recent is not None:
+            raise not_evicted(name, *recent)
         import secrets
-        ck = {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+        ck = {"apiVersion": API_VERSION, "kind": "Checkpoint",
               "metadata": {"name": f"{name[:40]}-evict-{secrets.token_hex(3)}", "namespace": ns,
-                           "labels": {movability.TRIGGER: "eviction"}},
-              "spec": {"podName": name, "action": "Move"}}
+                           "labels": {Label.TRIGGER: Trigger.EVICTION}},
+              "spec": {"podName": name, "action": CheckpointAction.MOVE}}
         return await self.registry.create(checkpoints, ns, ck, dry_run=dry_run)
 
-    async def _watch_until(self, plural: str, obj: Obj, done: Callable[[str, Obj], bool]) -> None:
-        """Until ``obj`` is deleted or ``done`` says so of a later version: the watch replays
-        from the revision read, so nothing that happened since is missed."""
-        fields = parse_field_selector(f"metadata.name={meta.name_of(obj)}")
-        async for kind, seen in self.registry.watch(by_plural(plural), meta.namespace_of(obj), None, fields,
+    async def _watch_until(self, plural: str, obj: Obj, done: Callable[[str, Obj], bool]) -> Obj | None:
+        """Until ``obj`` is deleted (None) or ``done`` says so of a later version (that
+        version): the watch replays from the revision read, so nothing that happened since
+        is missed."""
+        fields = parse_field_selector(f"metadata.name={objects.name(obj)}")
+        async for kind, seen in self.registry.watch(by_plural(plural), objects.namespace(obj), None, fields,
                                                     obj["metadata"]["resourceVersion"]):
-            if kind == "DELETED" or done(kind, seen):
-                return
+            if kind == "DELETED":
+                return None
+            if done(kind, seen):
+                return seen
+        return None
 
-    async def _until_replaced(self, pod: Obj, move: Obj) -> None:
-        """Until ``pod`` has a replacement (or is gone) or ``move`` ended, at most
-        REPLACED_WAIT seconds: the watches replay from the revisions read, so nothing
-        that happened since is missed."""
-        uid = pod["metadata"]["uid"]
-        waits = [asyncio.ensure_future(self._watch_until("pods", pod, lambda _, p: p["metadata"].get("uid") != uid)),
-                 asyncio.ensure_future(self._watch_until("checkpoints", move, lambda _, c: (c.get("status") or {}).get(
-                     "phase") in ("Completed", "Failed")))]
+    async def _until_finished(self, move: Obj) -> Obj | None:
+        """``move`` as it ended (Completed or Failed), waiting timing.REPLACED_WAIT seconds at
+        most; None when it is still under way then, or gone."""
+        if objects.phase(move) in (CheckpointPhase.COMPLETED, CheckpointPhase.FAILED):
+            return move
         try:
-            await asyncio.wait(waits, timeout=REPLACED_WAIT, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            # a watch that failed (a compacted revision: 410) only ends the wait early
-            await asyncio.gather(*waits, return_exceptions=True)
+            return await asyncio.wait_for(self._watch_until("checkpoints", move, lambda _, c: objects.phase(c) in (
+                CheckpointPhase.COMPLETED, CheckpointPhase.FAILED)), timing.REPLACED_WAIT)
+        except (asyncio.TimeoutError, errors.APIError):
+            return None  # still under way; a watch that failed (a compacted revision: 410) too

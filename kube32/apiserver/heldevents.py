@@ -34,9 +34,10 @@ import asyncio
 import logging
 from typing import Any
 
-from .. import movability
+from .. import movability, objects, timing
 from ..aio import wait_set
 from ..wasm.abi import MAX_HELD_EVENTS
+from ..terms import CheckpointPhase, PodPhase
 from .eventbus import EventBus, Hold
 from .registry import Registry
 from .resources import Resource, by_plural
@@ -44,17 +45,17 @@ from .selectors import FieldSelector
 
 log = logging.getLogger("kube32.apiserver.heldevents")
 
-HOLD_SECONDS = 600.0   # longer than any move: the snapshot (120 s), the rollback (60 s), a node's thaw (300 s)
+HOLD_SECONDS = timing.EVENT_HOLD_SECONDS   # longer than any move (timing says why)
 CHECK_SECONDS = 1.0    # a look without a watch event, in case a watch broke
-FINISHED = ("Saved", "Completed", "Failed")
+FINISHED = CheckpointPhase.FINISHED
 
 
 def runs(pod: dict[str, Any]) -> bool:
     """The pod's containers run: each one its node reports (a node runs a pod's first
     container only), where a replacement restoring is Running with its container waiting."""
-    status = pod.get("status") or {}
+    status = objects.status(pod)
     statuses = status.get("containerStatuses") or []
-    return (status.get("phase") == "Running" and bool(statuses)
+    return (status.get("phase") == PodPhase.RUNNING and bool(statuses)
             and all("running" in (cs.get("state") or {}) for cs in statuses))
 
 
@@ -82,6 +83,11 @@ class HeldEvents:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return hold, self.bus.seq
+
+    def let_go(self, hold: Hold) -> None:
+        """The node refused the snapshot (the pod runs on where it is, never frozen): the
+        events held for it go to it now, not once the Checkpoint ends."""
+        self.bus.release(hold, hold.pod_uid)
 
     async def close(self) -> None:
         """Stop following the holds (the API server stops; the holds go with it)."""
@@ -132,7 +138,7 @@ class HeldEvents:
         if uid == hold.pod_uid and not expired:
             ck = await self.registry.try_get(self._checkpoints, hold.namespace, hold.checkpoint)
             if ck is not None and ck["metadata"]["uid"] == hold.checkpoint_uid \
-                    and (ck.get("status") or {}).get("phase") not in FINISHED:
+                    and objects.phase(ck) not in FINISHED:
                 return False
         self.bus.release(hold, uid)
         return True

@@ -10,13 +10,15 @@ Invariants:
   (``<data-dir>/images/<sha256>.wasm``), so a reference pins its content and a
   second upload of the same bytes is the same image.  Files are written to a
   temporary name and renamed: a reader never sees half a module.
-* Only WebAssembly modules are accepted; the exports are read here with a small
-  export-section parser (the API server does not import kube32.wasm: layering).
+* Only WebAssembly modules are accepted; the exports are read here with the bounded
+  section walk of :mod:`kube32.wasmformat` (the API server does not import kube32.wasm:
+  layering), on a worker thread, as the module is hashed and written.
   Whether the module follows the pod ABI is the kubelet's judgement.
 * Uploads over :data:`MAX_IMAGE_BYTES` are refused with 413 naming the limit.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -26,12 +28,13 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .. import wasmformat
+from ..terms import API_VERSION, GROUP_PATH, IMAGE_REFERENCE_PREFIX
 from . import errors
 
 MAX_IMAGE_BYTES = 8 << 20
-REFERENCE_PREFIX = "kube32.io/wasm-sha256:"
-WASM_MAGIC = b"\0asm\x01\0\0\0"
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+REFERENCE_PREFIX = IMAGE_REFERENCE_PREFIX
+_SHA = re.compile(r"^[0-9a-f]{64}\Z")
 _KINDS = {0: "func", 1: "table", 2: "memory", 3: "global", 4: "tag"}
 
 
@@ -39,46 +42,23 @@ class ExportParseError(ValueError):
     pass
 
 
-def _leb(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data) or shift > 35:
-            raise ExportParseError("truncated or overlong LEB128 number")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return result, pos
-
-
 def module_exports(data: bytes) -> list[dict[str, str]]:
-    """The export section as ``[{"name", "kind"}]``; ExportParseError for non-modules."""
-    if not data.startswith(WASM_MAGIC):
-        raise ExportParseError("not a WebAssembly module (bad magic or version)")
-    pos = len(WASM_MAGIC)
-    exports: list[dict[str, str]] = []
-    while pos < len(data):
-        section_id = data[pos]
-        size, pos = _leb(data, pos + 1)
-        end = pos + size
-        if end > len(data):
-            raise ExportParseError(f"section {section_id} runs past the end of the module")
-        if section_id == 7:
-            count, p = _leb(data, pos)
-            for _ in range(count):
-                n, p = _leb(data, p)
-                if p + n > end:
-                    raise ExportParseError("export name runs past its section")
-                name = data[p:p + n].decode("utf-8", errors="replace")
-                p += n
-                if p >= end:
-                    raise ExportParseError("export entry is truncated")
-                kind = _KINDS.get(data[p], f"kind-{data[p]}")
-                _, p = _leb(data, p + 1)
-                exports.append({"name": name, "kind": kind})
-        pos = end
-    return exports
+    """The export section as ``[{"name", "kind"}]``; ExportParseError for non-modules
+    (:mod:`kube32.wasmformat`'s walk and bounds: unknown or repeated sections, more than
+    its limit of exports, a name that is not UTF-8)."""
+    try:
+        for section in wasmformat.sections(data):
+            if section.id == wasmformat.SEC_EXPORT:
+                r = wasmformat.Reader(data, section.start, section.end)
+                exports = []
+                for _ in range(r.count(wasmformat.MAX_EXPORTS, "exports")):
+                    name, kind = r.name(), r.byte()
+                    r.uleb()
+                    exports.append({"name": name, "kind": _KINDS.get(kind, f"kind-{kind}")})
+                return exports
+        return []
+    except wasmformat.FormatError as e:
+        raise ExportParseError(str(e)) from None
 
 
 class ImageStore:
@@ -106,7 +86,7 @@ class ImageStore:
             tmp = target.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(data)
             tmp.replace(target)
-        return {"kind": "Image", "apiVersion": "kube32.io/v1", "reference": REFERENCE_PREFIX + digest,
+        return {"kind": "Image", "apiVersion": API_VERSION, "reference": REFERENCE_PREFIX + digest,
                 "sha256": digest, "size": len(data), "exports": exports}
 
     def exports(self, sha256: str) -> list[str] | None:
@@ -137,7 +117,7 @@ def add_routes(router: web.UrlDispatcher, store: ImageStore) -> None:
             data += chunk
             if len(data) > MAX_IMAGE_BYTES:
                 return _too_large()
-        return _json(store.put(bytes(data)), 201)
+        return _json(await asyncio.to_thread(store.put, bytes(data)), 201)
 
     async def download(request: web.Request) -> web.Response:
         data = store.get(request.match_info["sha"])
@@ -148,13 +128,13 @@ def add_routes(router: web.UrlDispatcher, store: ImageStore) -> None:
         point makes it a command pod, which cannot move)."""
         data = store.get(request.match_info["sha"])
         digest = hashlib.sha256(data).hexdigest()
-        return _json({"kind": "Image", "apiVersion": "kube32.io/v1", "reference": REFERENCE_PREFIX + digest,
-                      "sha256": digest, "size": len(data),
-                      "exports": [e["name"] for e in module_exports(data)]}, 200)
+        exports = await asyncio.to_thread(module_exports, data)
+        return _json({"kind": "Image", "apiVersion": API_VERSION, "reference": REFERENCE_PREFIX + digest,
+                      "sha256": digest, "size": len(data), "exports": [e["name"] for e in exports]}, 200)
 
-    router.add_post("/apis/kube32.io/v1/images", upload)
-    router.add_get("/apis/kube32.io/v1/images/{sha}", download)
-    router.add_get("/apis/kube32.io/v1/images/{sha}/info", info)
+    router.add_post(GROUP_PATH + "/images", upload)
+    router.add_get(GROUP_PATH + "/images/{sha}", download)
+    router.add_get(GROUP_PATH + "/images/{sha}/info", info)
 
 
 def _too_large() -> web.Response:

@@ -7,7 +7,8 @@ authenticated requester passes one check per thing it asks to be, each the ``imp
 verb on:
 
 - ``users/<name>`` (core group, cluster scope), or for ``system:serviceaccount:<ns>:<name>``
-  ``serviceaccounts/<name>`` in ``<ns>``;
+  ``serviceaccounts/<name>`` in ``<ns>`` (only when ``<ns>`` and ``<name>`` are valid
+  names, as Kubernetes' SplitUsername: else the whole string is a user's name);
 - ``groups/<name>`` for each group; ``uids/<uid>``; ``userextras/<key>`` in
   ``authentication.k8s.io`` with the value as the name.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import authz, errors
+from . import authz, errors, meta
 from .auth import SA_GROUP, User
 from .rbac import Attributes
 
@@ -55,14 +56,31 @@ async def impersonated(authorizer: Any, requester: User, headers: Any) -> User:
         allowed, reason = await authorizer.authorize(attrs)
         if not allowed:
             raise authz.forbidden(attrs, reason)
-    if name.startswith(SA_PREFIX) and name.count(":") == 3:
-        ns = name.split(":")[2]
-        groups += [g for g in (SA_GROUP, f"{SA_GROUP}:{ns}") if g not in groups]
+    account = split_service_account(name)
+    if account is not None:
+        groups += [g for g in (SA_GROUP, f"{SA_GROUP}:{account[0]}") if g not in groups]
     return User(name, tuple(groups), uid, {"impersonated-by": requester.name})
 
 
+def split_service_account(name: str) -> tuple[str, str] | None:
+    """(namespace, name) of a ServiceAccount's user name, or None when ``name`` is not one
+    (as Kubernetes' serviceaccount.SplitUsername): exactly ``system:serviceaccount:<ns>:<sa>``
+    with a valid namespace (an RFC 1123 label) and a valid ServiceAccount name (an RFC
+    1123 subdomain).  Anything else - ``system:serviceaccount:evil:`` among them - is a
+    plain user name, which needs ``impersonate`` on ``users``."""
+    if not name.startswith(SA_PREFIX):
+        return None
+    parts = name[len(SA_PREFIX):].split(":")
+    if len(parts) != 2:
+        return None
+    ns, sa = parts
+    if len(ns) > 63 or not meta.DNS1123_LABEL.match(ns) or meta.subdomain_problem(sa) is not None:
+        return None
+    return ns, sa
+
+
 def _user_check(name: str) -> tuple[str, str, str, str]:
-    if name.startswith(SA_PREFIX) and name.count(":") == 3:
-        _, _, ns, sa = name.split(":")
-        return "serviceaccounts", "", ns, sa
+    account = split_service_account(name)
+    if account is not None:
+        return "serviceaccounts", "", account[0], account[1]
     return "users", "", "", name

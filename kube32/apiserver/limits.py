@@ -17,11 +17,17 @@ patch and write keeps (kube-apiserver's numbers where it has one).
 * ``MAX_OBJECT``: bytes of an object's stored JSON.  What the server keeps can always
   be sent back as a body, and no write can grow an object without bound patch after
   patch (each later read, copy and patch of it would cost more).
+* :func:`out_of_range`: a number no JSON value may be.  JSON has no NaN or infinity,
+  and Kubernetes' Go decoders read a number into a 64-bit integer or float: one past
+  a float's range (``1e999``, a 400-digit integer) fails every Go client that reads
+  the object back (kubectl: "invalid character 'I'" for Python's ``Infinity``).
 * ``MAX_JSON_PATCH_OPERATIONS`` and ``JSON_PATCH_MAX_COPY_BYTES``: kube-apiserver's
   ``maxJSONPatchOperations`` and ``JSONPatchMaxCopyBytes`` (the size a JSON patch's
   ``copy`` operations may add, together).
 """
 from __future__ import annotations
+
+import math
 
 MAX_BODY = 3 * 1024 * 1024
 MAX_DECODED = MAX_BODY
@@ -30,3 +36,14 @@ MAX_VALUES = 200_000
 MAX_OBJECT = MAX_BODY
 MAX_JSON_PATCH_OPERATIONS = 10000
 JSON_PATCH_MAX_COPY_BYTES = MAX_BODY
+
+
+def out_of_range(number: int | float) -> bool:
+    """NaN, an infinity, or a number beyond a 64-bit float's range (see above)."""
+    if isinstance(number, float):
+        return not math.isfinite(number)
+    try:
+        float(number)
+    except OverflowError:
+        return True
+    return False

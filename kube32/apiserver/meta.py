@@ -6,14 +6,18 @@ format the fields every kind has, and hold the naming rules of Kubernetes'
 """
 from __future__ import annotations
 
-import datetime as _dt
 import re
 from typing import Any
 
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+from .. import objects
+
+# \Z, not $: Python's $ also matches before a final newline ("name\n" would pass).
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+LABEL_VALUE_MSG = ("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
+                   "'.', and must start and end with an alphanumeric character")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 
 SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
                  "characters, '-' or '.', and must start and end with an alphanumeric character "
@@ -24,27 +28,12 @@ LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric
              "'123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
 
 
-def now() -> _dt.datetime:
-    return _dt.datetime.now(_dt.timezone.utc)
-
-
-def rfc3339(t: _dt.datetime | None = None) -> str:
-    t = t or now()
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def micro_time(t: _dt.datetime | None = None) -> str:
-    t = t or now()
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(text: str | None) -> _dt.datetime | None:
-    if not text:
-        return None
-    try:
-        return _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+def subdomain_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be the name of an object (a lowercase RFC 1123 subdomain of
+    at most 253 characters), in Kubernetes' words; None when it can."""
+    if not isinstance(value, str) or len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
+        return f'Invalid value: "{value}": {SUBDOMAIN_MSG}'
+    return None
 
 
 def human_duration(seconds: float) -> str:
@@ -76,10 +65,10 @@ def human_duration(seconds: float) -> str:
 
 def age(obj: dict[str, Any], field: str | None = None) -> str:
     stamp = field if field is not None else obj.get("metadata", {}).get("creationTimestamp")
-    t = parse_time(stamp)
+    t = objects.parse_time(stamp)
     if t is None:
         return "<unknown>"
-    return human_duration((now() - t).total_seconds())
+    return human_duration((objects.now() - t).total_seconds())
 
 
 def nested(obj: Any, *path: str) -> Any:
@@ -92,18 +81,6 @@ def nested(obj: Any, *path: str) -> Any:
     return obj
 
 
-def name_of(obj: dict[str, Any]) -> str:
-    return (obj.get("metadata") or {}).get("name") or ""
-
-
-def namespace_of(obj: dict[str, Any]) -> str:
-    return (obj.get("metadata") or {}).get("namespace") or ""
-
-
-def labels_of(obj: dict[str, Any]) -> dict[str, str]:
-    return (obj.get("metadata") or {}).get("labels") or {}
-
-
 def validate_labels(labels: Any, field: str) -> list[tuple[str, str]]:
     errs: list[tuple[str, str]] = []
     if labels is None:
@@ -113,9 +90,7 @@ def validate_labels(labels: Any, field: str) -> list[tuple[str, str]]:
     for k, v in labels.items():
         errs += validate_qualified_key(k, field)
         if not isinstance(v, str) or len(v) > 63 or not LABEL_VALUE.match(v):
-            errs.append((f"{field}", f'Invalid value: "{v}": a valid label must be an empty string or '
-                         "consist of alphanumeric characters, '-', '_' or '.', and must start and end "
-                         "with an alphanumeric character"))
+            errs.append((f"{field}", f'Invalid value: "{v}": {LABEL_VALUE_MSG}'))
     return errs
 
 

@@ -4,7 +4,7 @@ token for the node's own credentials.
 Body ``{"csr": "<PEM certificate signing request>"}`` (optional: without it the
 node gets no serving certificate and must serve plain HTTP).  Answer (201)::
 
-    {"kind": "NodeCredentials", "apiVersion": "kube32.io/v1", "metadata": {"name": node},
+    {"kind": "NodeCredentials", "apiVersion": API_VERSION, "metadata": {"name": node},
      "user": "system:node:<node>", "token": "...", "certificate": "<PEM>", "ca": "<PEM>"}
 
 ``certificate`` is from the kubelet-serving signer, ``ca`` the API server CA (what
@@ -12,9 +12,9 @@ the kubelet verifies the API server and its client certificate with).
 
 Who may call: the bootstrap group (RBAC ``system:kube32:node-bootstrapper``), the
 node itself (to rotate), ``system:masters``.  Joining again revokes the node's
-previous token.  As Kubernetes' auto-approved bootstrap CSRs, whoever holds the
-bootstrap token can join under a node name nobody has yet: keep ``node.kubeconfig``
-as secret as the admin's.
+previous token (on every API server sharing the store: kube32.apiserver.nodetokens).
+As Kubernetes' auto-approved bootstrap CSRs, whoever holds the bootstrap token can join
+under a node name nobody has yet: keep ``node.kubeconfig`` as secret as the admin's.
 
 What a node owns, and so what it can get: its node name and its own address, the
 address of the TCP connection the request came over (the kubelet connects from
@@ -31,18 +31,19 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from ..terms import API_VERSION, GROUP, GROUP_PATH
 from . import bodies, errors, pki
 from .resources import by_plural
+from .auth import TokenAuthenticator
+from .nodetokens import NodeTokens
+from .registry import Registry
+from .routing import json_response
 from .strategy import get_path
 
-if TYPE_CHECKING:
-    from .server import APIServer
-
-PATH = "/apis/kube32.io/v1/nodecredentials/{name}"
+PATH = GROUP_PATH + "/nodecredentials/{name}"
 MAX_BODY = 16 << 10
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -63,13 +64,13 @@ def peer_address(request: web.Request) -> str | None:
     return str(ip)
 
 
-async def _check_registered_address(server: "APIServer", node: str, address: str | None) -> None:
+async def _check_registered_address(registry: Registry, node: str, address: str | None) -> None:
     """A registered node's credentials go only to a request from its own address."""
-    obj = await server.registry.try_get(by_plural("nodes"), None, node)
+    obj = await registry.try_get(by_plural("nodes"), None, node)
     if obj is None:
         return
-    registered = [a.get("address") for a in get_path(obj, "status", "addresses", default=[]) or []
-                  if isinstance(a, dict) and a.get("type") == "InternalIP"]
+    registered = [a["address"] for a in get_path(obj, "status", "addresses", default=[]) or []
+                  if isinstance(a, dict) and a.get("type") == "InternalIP" and isinstance(a.get("address"), str)]
     if registered and address not in registered:
         raise errors.forbidden(
             f'nodecredentials "{node}" is forbidden: node "{node}" is registered at {", ".join(registered)}, '
@@ -77,13 +78,14 @@ async def _check_registered_address(server: "APIServer", node: str, address: str
             f"{address or 'a Unix socket'}); to join it from elsewhere, delete the Node first")
 
 
-def add_routes(router: web.UrlDispatcher, server: "APIServer") -> None:
+def add_routes(router: web.UrlDispatcher, registry: Registry, auth: TokenAuthenticator, node_tokens: NodeTokens,
+               pki_dir: Path | None) -> None:
+    """``pki_dir``: the cluster CA that signs kubelet certificates (None: tokens only)."""
     async def issue(request: web.Request) -> web.Response:
-        from .server import json_response
         node = request.match_info["name"]
         if not _SUBDOMAIN.fullmatch(node) or len(node) > 253:
             raise errors.invalid("NodeCredentials", node, [("metadata.name", "Invalid value: not a valid node name")],
-                                 "kube32.io")
+                                 GROUP)
         raw = await bodies.read_raw(request, MAX_BODY)
         body = (await bodies.decode_async(raw, bodies.media_type(request), "cannot create nodecredentials")
                 if raw.strip() else {})
@@ -91,20 +93,19 @@ def add_routes(router: web.UrlDispatcher, server: "APIServer") -> None:
             raise errors.bad_request("cannot create nodecredentials: the body must be an object")
         csr = body.get("csr")
         address = peer_address(request)
-        await _check_registered_address(server, node, address)
+        await _check_registered_address(registry, node, address)
         cert = ""
         ca = ""
         if csr:
-            pki_dir: Path | None = server.pki_dir
             if pki_dir is None:
                 raise errors.service_unavailable("this control plane has no cluster CA to sign kubelet certificates")
             try:
                 cert = pki.sign_node_csr(pki_dir, str(csr).encode(), node, address).decode()
             except pki.CSRError as e:
-                raise errors.invalid("NodeCredentials", node, [("csr", f"Invalid value: {e}")], "kube32.io") from None
+                raise errors.invalid("NodeCredentials", node, [("csr", f"Invalid value: {e}")], GROUP) from None
             ca = pki.ensure_pki(pki_dir).apiserver.read_text()
-        token = server.auth.issue_node_token(node)
-        return json_response({"kind": "NodeCredentials", "apiVersion": "kube32.io/v1",
+        token = await node_tokens.issue(auth.service_accounts, node)
+        return json_response({"kind": "NodeCredentials", "apiVersion": API_VERSION,
                               "metadata": {"name": node}, "user": f"system:node:{node}",
                               "token": token, "certificate": cert, "ca": ca}, 201)
 

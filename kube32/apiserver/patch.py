@@ -85,32 +85,42 @@ Server-side apply (practical subset of structured-merge-diff)
 
     Rules:
     * a leaf the applier sets to a value different from live, owned by another
-      manager whose operation is ``Apply``, is a conflict.  Without ``force`` all
-      conflicts are raised together in one ``ApplyConflict``; with ``force`` the
-      other managers lose those fields (and anything below them).
-    * managers with operation ``Update`` (plain writes, client-side apply) never
-      conflict here, and keep their entries; a field they own is shared.  (Real SSA
-      also reports conflicts against Update managers; the simple version doesn't,
-      because our plain writes don't maintain managedFields precisely.)
+      manager (operation ``Apply``, or ``Update``: a plain write, ``kubectl scale``,
+      a client-side apply), is a conflict.  Without ``force`` all conflicts are
+      raised together in one ``ApplyConflict``; with ``force`` the other managers
+      lose those fields (and anything below them).
     * a field this manager owned before and no longer applies is deleted from the
       object unless another manager (any operation) owns it or something below it;
       maps and lists that such a deletion leaves empty are pruned (top-level
       fields are kept).
-    * Apply entries that end up owning nothing are dropped (the caller's own too).
+    * entries that end up owning nothing are dropped (the caller's own too).
     * ``null`` in an applied config means "not specified".
     Keyed lists use a single merge key (upstream container ports use
     ``containerPort`` + ``protocol``).  Status handling, resourceVersion checks and
     the ``kubectl-last-applied`` follow-up request are the caller's business.
+
+Plain writes (``record_update``)
+    Every other write (create, update, merge/JSON/strategic patch, a subresource's)
+    is recorded as Kubernetes' fieldmanager does: the writer's entry, operation
+    ``Update`` (with ``subresource`` when it wrote one), owns what it owned before and
+    still exists plus every leaf its write changed or added; every other manager loses
+    the leaves this write changed (an Update always wins) and every entry loses what no
+    longer exists; an entry left owning nothing goes.  A write whose object carries
+    managedFields other than the stored ones sets them as given (how a client resets
+    them, and how kubectl migrates client-side apply to server-side apply); one that
+    carries none keeps the stored ones.  A keyed list whose items lack their key (or
+    repeat it) is owned whole.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import AbstractSet as Set, Any, Iterable, Mapping
 
+from .. import objects
+from .jsoncopy import copy_json
 from .limits import JSON_PATCH_MAX_COPY_BYTES, MAX_DEPTH, MAX_JSON_PATCH_OPERATIONS
 
 __all__ = [
@@ -122,6 +132,7 @@ __all__ = [
     "json_patch",
     "strategic_merge_patch",
     "server_side_apply",
+    "record_update",
     "is_strategic_kind",
     "BUILTIN_KINDS",
 ]
@@ -140,11 +151,14 @@ class PatchLimit(PatchError):
 
 
 class ApplyConflict(PatchError):
-    """Server-side apply touched fields another Apply manager owns (HTTP 409)."""
+    """Server-side apply touched fields another manager owns (HTTP 409).
 
-    def __init__(self, conflicts: list[tuple[str, str]]) -> None:
+    ``conflicts``: (field, manager, whom) with ``whom`` as Kubernetes words the owner:
+    ``"kubectl" with subresource "scale" using apps/v1``."""
+
+    def __init__(self, conflicts: list[tuple[str, str, str]]) -> None:
         self.conflicts = list(conflicts)
-        detail = "; ".join(f'conflict with "{m}": {p}' for p, m in self.conflicts)
+        detail = "; ".join(f"conflict with {whom}: {p}" for p, _, whom in self.conflicts)
         n = len(self.conflicts)
         super().__init__(f"Apply failed with {n} conflict{'s' if n != 1 else ''}: {detail}")
 
@@ -152,7 +166,7 @@ class ApplyConflict(PatchError):
 # --------------------------------------------------------------------------- helpers
 
 def _deep_copy(value: Any) -> Any:
-    return copy.deepcopy(value)
+    return copy_json(value)
 
 
 def nesting(value: Any) -> int:
@@ -179,7 +193,7 @@ def _json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
 
 
@@ -530,14 +544,13 @@ def _merge_value(original: Any, patch: Any, rule: _Rule | None, where: str) -> A
     if isinstance(rule, (_KeyedList, _SetList)) and not isinstance(patch, list):
         raise PatchError(f"{where}: expected a list, got {json.dumps(patch)}")
     if isinstance(patch, dict):
-        base = original if isinstance(original, dict) else {}
-        return _merge_map(base, patch, _as_struct(rule), where)
+        return _merge_map(original if isinstance(original, dict) else {}, patch, _as_struct(rule), where)
     if isinstance(patch, list):
-        base = original if isinstance(original, list) else []
+        items = original if isinstance(original, list) else []
         if isinstance(rule, _KeyedList):
-            return _merge_keyed_list(base, patch, rule, where)
+            return _merge_keyed_list(items, patch, rule, where)
         if isinstance(rule, _SetList):
-            return _merge_set_list(base, patch, where)
+            return _merge_set_list(items, patch, where)
         return _replace_list(patch, where)
     return _deep_copy(patch)
 
@@ -659,8 +672,8 @@ def _set_element_order(original: dict, name: str, order: Any, rule: _Rule | None
     # Listed elements are permuted among the slots they occupy; server-only
     # elements keep their positions (a simplification of upstream's interleave).
     slots = [i for i, element in enumerate(current) if rank_of(element) is not None]
-    ordered = sorted((current[i] for i in slots), key=lambda e: rank_of(e))
-    for slot, element in zip(slots, ordered):
+    ordered = sorted((current[i] for i in slots), key=lambda e: rank_of(e) or 0)   # all ranked
+    for slot, element in zip(slots, ordered, strict=True):
         current[slot] = element
 
 
@@ -690,8 +703,10 @@ def _drop_nulls(value: Any) -> Any:
     return value
 
 
-def _owned_paths(value: Any, rule: _Rule | None, prefix: _Path, top: bool = False) -> set[_Path]:
-    """The FieldsV1 leaf paths an applier of ``value`` owns."""
+def _owned_paths(value: Any, rule: _Rule | None, prefix: _Path, top: bool = False,
+                 lenient: bool = False) -> set[_Path]:
+    """The FieldsV1 leaf paths an applier of ``value`` owns (``lenient``: of any stored
+    object; a keyed list it cannot key, or a set list of non-scalars, is one leaf)."""
     paths: set[_Path] = set()
     for name, child in value.items():
         if top and name in _UNOWNED_TOP:
@@ -703,13 +718,15 @@ def _owned_paths(value: Any, rule: _Rule | None, prefix: _Path, top: bool = Fals
             if not child:
                 continue
         if isinstance(child, dict) and child:
-            paths |= _owned_paths(child, _as_struct(child_rule), path)
-        elif isinstance(child, list) and child and isinstance(child_rule, _KeyedList):
+            paths |= _owned_paths(child, _as_struct(child_rule), path, lenient=lenient)
+        elif (isinstance(child, list) and child and isinstance(child_rule, _KeyedList)
+              and (not lenient or _keyed(child, child_rule.key))):
             for item in child:
                 item_path = path + (f"k:{_compact({child_rule.key: item[child_rule.key]})}",)
                 paths.add(item_path + (".",))
-                paths |= _owned_paths(item, child_rule.item, item_path)
-        elif isinstance(child, list) and child and isinstance(child_rule, _SetList):
+                paths |= _owned_paths(item, child_rule.item, item_path, lenient=lenient)
+        elif (isinstance(child, list) and child and isinstance(child_rule, _SetList)
+              and (not lenient or not any(isinstance(v, (dict, list)) for v in child))):
             paths |= {path + (f"v:{_compact(item)}",) for item in child}
         else:
             paths.add(path)
@@ -865,7 +882,7 @@ class _Entry:
 
 def _read_entries(live: dict) -> list[_Entry]:
     entries = []
-    raw_entries = (live.get("metadata") or {}).get("managedFields") or []
+    raw_entries = objects.meta(live).get("managedFields") or []
     for raw in raw_entries if isinstance(raw_entries, list) else []:
         if not isinstance(raw, dict):
             continue
@@ -878,7 +895,7 @@ def _read_entries(live: dict) -> list[_Entry]:
 
 def _entry(manager: str, operation: str, api_version: Any, now: str, fields: Iterable[_Path],
            base: dict | None = None) -> dict:
-    raw = {"manager": manager, "operation": operation}
+    raw: dict[str, Any] = {"manager": manager, "operation": operation}
     if api_version is not None:
         raw["apiVersion"] = api_version
     raw.update({"time": now, "fieldsType": "FieldsV1", "fieldsV1": _fields_to_tree(fields)})
@@ -922,20 +939,19 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
 
     conflicts = _conflicts(live, config, mine, others)
     if conflicts and not force:
-        raise ApplyConflict(sorted({(_path_string(p), m) for p, m in conflicts}))
-    lost: dict[str, set[_Path]] = {}
+        raise ApplyConflict(sorted({(_path_string(p), e.manager, _whom(e)) for p, e in conflicts}))
+    lost: dict[int, set[_Path]] = {}
     for path, other in conflicts:
-        lost.setdefault(other, set()).add(path)
+        lost.setdefault(id(other), set()).add(path)
 
     result = _apply_merge(_deep_copy(live), config, schema)
-    new_others = [_without(e, lost.get(e.manager, set()) if e.operation == "Apply" else set())
-                  for e in others]
+    new_others = [_without(e, lost.get(id(e), set())) for e in others]
     if previous is not None and previous.fields is not None:
         _remove_dropped(result, previous.fields - mine, mine, new_others)
 
     mine_entry = _entry(manager, "Apply", api_version, stamp, mine,
                         previous.raw if previous is not None else None)
-    replacement = {id(old): new for old, new in zip(others, new_others)}
+    replacement = {id(old): new for old, new in zip(others, new_others, strict=True)}
     managed = []
     for entry in entries:
         if entry.manager == manager and entry.operation == "Apply":
@@ -943,7 +959,7 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
                 managed.append(mine_entry)  # an updated entry keeps its position
             continue
         updated = replacement[id(entry)]
-        if updated.fields is None or updated.fields or updated.operation != "Apply":
+        if updated.fields is None or updated.fields:
             managed.append(updated.raw)
     if previous is None and mine:
         managed.append(mine_entry)
@@ -952,19 +968,28 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
 
 
 def _conflicts(live: dict, config: dict, mine: set[_Path],
-               others: list[_Entry]) -> list[tuple[_Path, str]]:
-    found = []
+               others: list[_Entry]) -> list[tuple[_Path, _Entry]]:
+    found: list[tuple[_Path, _Entry]] = []
     for path in sorted(mine):
         if path[-1] == ".":
             continue  # an item itself never conflicts; its fields do
-        owners = [e.manager for e in others
-                  if e.operation == "Apply" and e.fields is not None and path in e.fields]
+        owners = [e for e in others if e.fields is not None and path in e.fields]
         if not owners:
             continue
         if _json_equal(_locate(config, path), _locate(live, path)):
             continue
         found.extend((path, owner) for owner in owners)
     return found
+
+
+def _whom(entry: _Entry) -> str:
+    """An owner as Kubernetes' conflicts name it."""
+    words = json.dumps(entry.manager)
+    if entry.raw.get("subresource"):
+        words += f" with subresource {json.dumps(entry.raw['subresource'])}"
+    if entry.raw.get("apiVersion"):
+        words += f" using {entry.raw['apiVersion']}"
+    return words
 
 
 def _without(entry: _Entry, paths: set[_Path]) -> _Entry:
@@ -976,7 +1001,7 @@ def _without(entry: _Entry, paths: set[_Path]) -> _Entry:
     return _Entry(raw, entry.manager, entry.operation, kept)
 
 
-def _remove_dropped(result: dict, dropped: set[_Path], mine: set[_Path],
+def _remove_dropped(result: dict, dropped: Set[_Path], mine: Set[_Path],
                     others: list[_Entry]) -> None:
     # A dropped leaf may now be the parent of fields that are still applied
     # (``labels: {}`` became ``labels: {app: x}``), so our own paths protect too.
@@ -988,3 +1013,66 @@ def _remove_dropped(result: dict, dropped: set[_Path], mine: set[_Path],
         if any(_is_under(p, target) for p in still_owned):
             continue
         _remove_path(result, path)
+
+
+# ----------------------------------------------------------------- plain writes
+
+def _written_paths(value: Any, rule: _Rule | None, prefix: _Path, top: bool = False) -> set[_Path]:
+    """The FieldsV1 leaf paths of a stored object (as `_owned_paths`, but any object:
+    a keyed list whose items lack their key, or repeat it, is one leaf)."""
+    return _owned_paths(value, rule, prefix, top, lenient=True)
+
+
+def _keyed(items: list, key: str) -> bool:
+    """Every item a map with a scalar ``key``, no two alike: the list can be owned item by item."""
+    seen: set[str] = set()
+    for item in items:
+        if not isinstance(item, dict) or isinstance(item.get(key), (dict, list)) or key not in item:
+            return False
+        seen.add(_compact(item[key]))
+    return len(seen) == len(items)
+
+
+def _changed(old: dict | None, new: dict, path: _Path) -> bool:
+    if old is None:
+        return True
+    if path[-1] == ".":
+        return _locate(old, path) is _MISSING   # an item is written when it is added
+    was = _locate(old, path)
+    return was is _MISSING or not _json_equal(was, _locate(new, path))
+
+
+def record_update(old: dict | None, new: dict, manager: str, kind: str, *,
+                  subresource: str | None = None, now: str | None = None) -> None:
+    """Record in ``new``'s metadata.managedFields that ``manager`` wrote ``new`` over
+    ``old`` (None: created it); see "Plain writes" in the module docstring."""
+    md = new.setdefault("metadata", {})
+    stored = (objects.meta(old).get("managedFields") or []) if old is not None else []
+    given = md.get("managedFields")
+    if given is not None and given != stored:
+        return   # the writer sets managedFields as it wants them
+    schema = _schema_for(kind)
+    present = _written_paths(new, schema, (), top=True)
+    written = {p for p in present if _changed(old, new, p)}
+    entries = _read_entries(old) if old is not None else []
+    mine_key = (manager, "Update", subresource or "")
+    previous = next((e for e in entries if (e.manager, e.operation, e.raw.get("subresource", "")) == mine_key), None)
+    managed: list[dict] = []
+    for entry in entries:
+        if entry is previous:
+            continue
+        if entry.fields is None:
+            managed.append(entry.raw)
+            continue
+        kept = frozenset(p for p in entry.fields if p in present and p not in written)
+        if kept:
+            managed.append(_without(entry, set(entry.fields - kept)).raw if kept != entry.fields else entry.raw)
+    owned = written | {p for p in (previous.fields or ()) if p in present} if previous else written
+    if owned:
+        raw = _entry(manager, "Update", new.get("apiVersion"), now or _now_rfc3339(), owned,
+                     previous.raw if previous is not None else None)
+        if subresource:
+            raw["subresource"] = subresource
+        position = entries.index(previous) if previous is not None else len(managed)
+        managed.insert(min(position, len(managed)), raw)
+    md["managedFields"] = managed

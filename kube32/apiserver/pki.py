@@ -59,6 +59,7 @@ APISERVER_CA = "ca"              # file stem: ca.crt, ca.key
 KUBELET_CA = "kubelet-ca"        # file stem: kubelet-ca.crt, kubelet-ca.key
 _CA_COMMON_NAMES = {APISERVER_CA: "kube32-apiserver-ca", KUBELET_CA: "kube32-kubelet-serving-ca"}
 KUBELET_CLIENT_CN = "system:kube-apiserver-kubelet-client"
+APISERVER_SERVING = "apiserver"  # the API server's serving certificate: file stem and CN
 CA_DAYS, SERVING_DAYS, NODE_DAYS = 3650, 825, 365
 MAX_CSR_SANS = 16
 
@@ -165,7 +166,7 @@ def _sign(signer: _Signer, subject: x509.Name, public_key: PublicKey, usage: x50
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False))
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    return builder.sign(signer.key, hashes.SHA256())  # type: ignore[arg-type]  # our CAs' keys are EC
+    return builder.sign(signer.key, hashes.SHA256())  # our CAs' keys are EC
 
 
 def _names(hosts: list[str]) -> list[x509.GeneralName]:
@@ -218,6 +219,27 @@ def issue_serving_cert(pki: Path, name: str, hosts: list[str]) -> tuple[Path, Pa
     cert = _sign(_load_signer(pki, APISERVER_CA), _cn(name), key.public_key(), ExtendedKeyUsageOID.SERVER_AUTH,
                  _names(hosts), SERVING_DAYS)
     return _save(pki, name, cert, key)
+
+
+def apiserver_cert_problem(der: bytes) -> str | None:
+    """Why a certificate (DER, already verified to chain to the API server CA) is not an
+    API server's serving certificate, or None when it is one: ``CN=apiserver``, server
+    auth, not a node's (``O=system:nodes``, ``CN=system:node:...``), not a client's."""
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError as e:
+        return f"the certificate cannot be read: {e}"
+    cns = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    orgs = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+    if cns != [APISERVER_SERVING] or "system:nodes" in orgs:
+        return f"its subject is {cert.subject.rfc4514_string()}, not CN={APISERVER_SERVING}"
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return "it names no extended key usage"
+    if list(usages) != [ExtendedKeyUsageOID.SERVER_AUTH]:
+        return "it is not a serving certificate (extended key usage other than server auth alone)"
+    return None
 
 
 def issue_client_cert(pki: Path, name: str, common_name: str) -> tuple[Path, Path]:

@@ -13,7 +13,7 @@ Design:
   ints, length-delimited as bytes); the access reviews and TokenRequest use it directly.
 * :data:`SCHEMA` is a table, message name -> {field number: (json name, kind)}, with the
   field numbers of the real ``generated.proto`` files (k8s.io/api core/v1, apps/v1,
-  rbac/v1, policy/v1; k8s.io/apimachinery meta/v1, intstr, resource).  Kinds:
+  rbac/v1, policy/v1, batch/v1; k8s.io/apimachinery meta/v1, intstr, resource).  Kinds:
   ``str`` ``bytes`` (base64 in JSON) ``int`` ``bool`` ``time`` (meta/v1 Time -> RFC 3339)
   ``qty`` (resource.Quantity -> string) ``intstr`` (IntOrString -> int or string)
   ``msg:<Name>``, ``inline:<Name>`` (a Go embedded struct: its fields land in the parent),
@@ -73,6 +73,7 @@ def iter_fields(data: bytes) -> list[tuple[int, int, Any]]:
         if field == 0:
             raise ProtobufError("field number 0")
         if wire == 0:
+            val: Any
             val, i = _varint(data, i)
         elif wire == 2:
             n, i = _varint(data, i)
@@ -297,6 +298,19 @@ SCHEMA: dict[str, Schema] = {
                        9: ("progressDeadlineSeconds", "int*")},
     "DeploymentStrategy": {1: ("type", "str"), 2: ("rollingUpdate", "msg*:RollingUpdateDeployment")},
     "RollingUpdateDeployment": {1: ("maxUnavailable", "intstr*"), 2: ("maxSurge", "intstr*")},
+    # k8s.io/api batch/v1 (kubectl create job|cronjob, create job --from=cronjob/x)
+    "Job": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:JobSpec")},
+    "JobSpec": {1: ("parallelism", "int*"), 2: ("completions", "int*"), 3: ("activeDeadlineSeconds", "int*"),
+                7: ("backoffLimit", "int*"), 12: ("backoffLimitPerIndex", "int*"), 13: ("maxFailedIndexes", "int*"),
+                4: ("selector", "msg*:LabelSelector"), 5: ("manualSelector", "bool*"),
+                6: ("template", "msg:PodTemplateSpec"), 8: ("ttlSecondsAfterFinished", "int*"),
+                9: ("completionMode", "str*"), 10: ("suspend", "bool*"), 14: ("podReplacementPolicy", "str*"),
+                15: ("managedBy", "str*")},
+    "CronJob": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:CronJobSpec")},
+    "CronJobSpec": {1: ("schedule", "str"), 8: ("timeZone", "str*"), 2: ("startingDeadlineSeconds", "int*"),
+                    3: ("concurrencyPolicy", "str"), 4: ("suspend", "bool*"), 5: ("jobTemplate", "msg:JobTemplateSpec"),
+                    6: ("successfulJobsHistoryLimit", "int*"), 7: ("failedJobsHistoryLimit", "int*")},
+    "JobTemplateSpec": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:JobSpec")},
     # k8s.io/api rbac/v1
     "Role": {1: ("metadata", "msg:ObjectMeta"), 2: ("rules", "[]msg:PolicyRule")},
     "ClusterRole": {1: ("metadata", "msg:ObjectMeta"), 2: ("rules", "[]msg:PolicyRule"),
@@ -321,6 +335,7 @@ KINDS: dict[tuple[str, str], str] = {
     ("v1", "ServiceAccount"): "ServiceAccount", ("v1", "Service"): "Service", ("v1", "Pod"): "Pod",
     ("v1", "DeleteOptions"): "DeleteOptions", ("meta.k8s.io/v1", "DeleteOptions"): "DeleteOptions",
     ("apps/v1", "Deployment"): "Deployment",
+    ("batch/v1", "Job"): "Job", ("batch/v1", "CronJob"): "CronJob",
     ("rbac.authorization.k8s.io/v1", "Role"): "Role",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "ClusterRole",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "RoleBinding",

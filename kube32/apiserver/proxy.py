@@ -1,12 +1,14 @@
 """Forwarding to kubelets: the node proxy, pods/proxy, services/proxy and pods/log.
 
-A kubelet's endpoint is read from its Node (``status.addresses`` InternalIP and
-``status.daemonEndpoints.kubeletEndpoint.Port``).  Bodies stream both ways
-(no buffering of a snapshot or a followed log); the API server authenticates to
-the kubelet with its own token.  A pod's HTTP goes to the kubelet of its node at
-``/pods/<ns>/<pod>/http/<path>``; a Service picks one Ready pod that matches
-its selector, round robin.  HTTPS kubelets are verified with the cluster CA and
-get the API server's client certificate instead of a token (``cert_auth``).
+A kubelet's endpoint is read from its Node (``status.addresses`` InternalIP,
+``status.daemonEndpoints.kubeletEndpoint.Port``, the ``kube32.io/kubelet-scheme``
+annotation), which the node writes itself: :func:`kubelet_endpoint` takes only an IP
+address, a port and ``http``/``https`` from it (anything else is a 503 naming the
+field), and what the request carries - and how the kubelet is verified to be that
+node's - is :mod:`.kubeletcredentials`'s.  Bodies stream both ways (no buffering of a
+snapshot or a followed log).  A pod's HTTP goes to the kubelet of its node at
+``/pods/<ns>/<pod>/http/<path>``; a Service picks one Ready pod that matches its
+selector, round robin.
 
 Confinement (see :mod:`kube32.urlpath`): a kubelet URL is only ever made by
 :func:`kubelet_url`, from segments each checked and percent-encoded, and sent as
@@ -17,31 +19,53 @@ SplitSchemeNamePort); the port is accepted and ignored (a pod has one handler).
 """
 from __future__ import annotations
 
+import ipaddress
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import yarl
 from aiohttp import web
+from multidict import CIMultiDict
 
-from .. import urlpath
+from .. import holding, urlpath
+from ..terms import Annotation, Condition, KubeletScheme
 from . import errors
+from .kubeletcredentials import KubeletCredentials, KubeletEndpoint
 from .strategy import condition, get_path
 
+ORDER = holding.ORDER.lower()
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                         "te", "trailers", "transfer-encoding", "upgrade", "host", "authorization",
                         "content-length"})
 
 
-def kubelet_base(node: dict[str, Any]) -> str:
+def kubelet_endpoint(node: dict[str, Any]) -> KubeletEndpoint:
+    """The Node's kubelet endpoint, each field checked (the node wrote them): a 503 that
+    names the field when it is missing or not what it must be."""
+    md = node["metadata"]
+    name = md["name"]
     addrs = get_path(node, "status", "addresses", default=[]) or []
-    ip = next((a.get("address") for a in addrs if a.get("type") == "InternalIP"), None)
+    ip = next((a.get("address") for a in addrs if isinstance(a, dict) and a.get("type") == "InternalIP"), None)
     port = get_path(node, "status", "daemonEndpoints", "kubeletEndpoint", "Port")
     if not ip or not port:
-        raise errors.service_unavailable(f'node "{node["metadata"]["name"]}" has no kubelet endpoint')
-    scheme = get_path(node, "metadata", "annotations", "kube32.io/kubelet-scheme", default="http")
-    host = f"[{ip}]" if ":" in ip else ip
-    return f"{scheme}://{host}:{port}"
+        raise errors.service_unavailable(f'node "{name}" has no kubelet endpoint')
+    try:
+        host = str(ipaddress.ip_address(ip)) if isinstance(ip, str) else ""
+    except ValueError:
+        host = ""
+    if not host:
+        raise errors.service_unavailable(f'node "{name}" has no kubelet endpoint: its InternalIP {ip!r} is not '
+                                         "an IP address")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise errors.service_unavailable(f'node "{name}" has no kubelet endpoint: its kubelet port {port!r} is not '
+                                         "a port number")
+    scheme = get_path(node, "metadata", "annotations", Annotation.KUBELET_SCHEME, default=KubeletScheme.HTTP)
+    if scheme not in KubeletScheme.ALL:
+        raise errors.service_unavailable(f'node "{name}" has no kubelet endpoint: its annotation '
+                                         f'{Annotation.KUBELET_SCHEME} is {scheme!r}, not "http" or "https"')
+    return KubeletEndpoint(name, str(md.get("uid") or ""), scheme, host, port)
 
 
 PROXY_SCHEMES = ("", "http", "https")
@@ -65,12 +89,20 @@ def proxied_name(kind: str, name: str) -> str:
     return plain
 
 
-def kubelet_url(base: str, route: list[str], suffix: str | None = None, query: str = "") -> yarl.URL:
-    """``base`` + ``route`` (the kubelet path naming one object) + the caller's
+@dataclass(frozen=True)
+class KubeletURL:
+    """A URL on one node's kubelet (what :class:`KubeletProxy` sends to)."""
+    endpoint: KubeletEndpoint
+    url: yarl.URL
+
+
+def kubelet_url(endpoint: KubeletEndpoint, route: list[str], suffix: str | None = None,
+                query: str = "") -> KubeletURL:
+    """``endpoint`` + ``route`` (the kubelet path naming one object) + the caller's
     ``suffix`` under it, every segment checked and percent-encoded (a 400 names a
     refused one), ``query`` as received."""
     path = _confined(route + ([] if suffix is None else suffix.split("/")))
-    return urlpath.encoded_url(base, "/" + path, query)
+    return KubeletURL(endpoint, urlpath.encoded_url(endpoint.base, "/" + path, query))
 
 
 def check_suffix(suffix: str) -> None:
@@ -86,12 +118,10 @@ def _confined(segments: list[str]) -> str:
 
 
 class KubeletProxy:
-    def __init__(self, token: str, ssl: Any = None) -> None:
-        self.token = token
-        self.ssl = ssl
-        # With a client certificate in ``ssl``, HTTPS kubelets get no token: a node that
-        # receives the control plane's token could replay it to other kubelets.
-        self.cert_auth = False
+    """Requests to kubelets, each with what :mod:`.kubeletcredentials` gives its node."""
+
+    def __init__(self, credentials: KubeletCredentials) -> None:
+        self.credentials = credentials
         self._session: aiohttp.ClientSession | None = None
         self._rr = itertools.count()
 
@@ -100,51 +130,66 @@ class KubeletProxy:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-                connector=aiohttp.TCPConnector(limit=0, ssl=self.ssl), auto_decompress=False)
+                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
         return self._session
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
 
-    def auth_headers(self, url: yarl.URL) -> dict[str, str]:
-        """The token, unless the client certificate speaks for the control plane."""
-        if self.token and not (self.cert_auth and url.scheme == "https"):
-            return {"Authorization": f"Bearer {self.token}"}
-        return {}
+    def request(self, method: str, target: KubeletURL, *, headers: Any = None, **kw: Any) -> Any:
+        """One request to ``target``'s kubelet (an aiohttp context manager), with that
+        node's credentials and TLS verification; never a redirect followed.  ``headers``:
+        a mapping or a multidict (a repeated header stays repeated)."""
+        dial = self.credentials.dial(target.endpoint)
+        sent: CIMultiDict[str] = CIMultiDict(headers or {})
+        sent.update(dial.headers)
+        return self.session.request(method, target.url, headers=sent,
+                                    allow_redirects=False, **dial.kwargs(), **kw)
 
     def pick(self, n: int) -> int:
         return next(self._rr) % n
 
-    async def forward(self, request: web.Request, url: yarl.URL, *, method: str | None = None,
+    async def forward(self, request: web.Request, target: KubeletURL, *, method: str | None = None,
                       extra_headers: dict[str, str] | None = None,
                       statuses: bool = False) -> web.StreamResponse:
         """Stream the kubelet's answer back.  ``statuses``: a kubelet's plain-text refusal
         becomes a Status with its words (as the API server answers ``pods/log``), so
         kubectl prints the kubelet's reason instead of an unknown one."""
         body = request.content if request.body_exists else None
-        upstream = await self.send(request, url, body, method=method, extra_headers=extra_headers)
+        upstream = await self.send(request, target, body, method=method, extra_headers=extra_headers)
         return await self.relay(request, upstream, statuses=statuses)
 
-    async def send(self, request: web.Request, url: yarl.URL, body: Any, *, method: str | None = None,
+    async def send(self, request: web.Request, target: KubeletURL, body: Any, *, method: str | None = None,
                    extra_headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
         """Send ``request`` (its headers, ``body``: the request's stream, bytes or None)
-        to ``url``; the kubelet's answer once its headers are in.  A kubelet that could
+        to ``target``; the kubelet's answer once its headers are in.  A kubelet that could
         not be reached (no connection made, nothing sent) is :class:`Unreached`."""
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        headers.update(self.auth_headers(url))
+        headers: CIMultiDict[str] = CIMultiDict()   # a repeated header goes repeated, as it came
+        for k, v in request.headers.items():
+            if k.lower() not in HOP_BY_HOP and k.lower() != ORDER:   # only the hold numbers requests
+                headers.add(k, v)
         headers.update(extra_headers or {})
         if isinstance(body, bytes):
             headers["Content-Length"] = str(len(body))
         elif request.content_length is not None:
             headers["Content-Length"] = str(request.content_length)
         try:
-            return await self.session.request(method or request.method, url, headers=headers,
-                                              data=body, allow_redirects=False)
+            return await self.request(method or request.method, target, headers=headers, data=body)
+        except aiohttp.ClientConnectorCertificateError as e:
+            # Whoever listens there is not that node's kubelet (another node's, or none).
+            raise Unreached(f'error trying to reach the kubelet of node "{target.endpoint.node}": the '
+                            f"server at {target.endpoint.base} is not it: {e.certificate_error}") from None
         except aiohttp.ClientConnectorError as e:
             raise Unreached(f"error trying to reach the kubelet: {e}") from None
+        except aiohttp.ClientResponseError as e:
+            # It answered, not in HTTP: the pod's answer is lost, not unavailable.
+            raise errors.APIError(502, "BadGateway", f'the kubelet of node "{target.endpoint.node}" sent an '
+                                  f"answer that is not valid HTTP: {e.message}") from None
         except (aiohttp.ClientError, OSError) as e:
-            raise errors.service_unavailable(f"error trying to reach the kubelet: {e}") from None
+            # Sent, and the connection broke before an answer: not held (the pod may have
+            # begun it), but as unavailable as a refusal, so it says when to ask again.
+            raise errors.service_unavailable(f"error trying to reach the kubelet: {e}", retry_after=1) from None
 
     async def relay(self, request: web.Request, upstream: aiohttp.ClientResponse, *,
                     statuses: bool = False) -> web.StreamResponse:
@@ -166,17 +211,19 @@ class KubeletProxy:
             except (aiohttp.ClientError, ConnectionResetError):
                 # The kubelet went away mid-stream: end the response short, the
                 # client sees a truncated body, which it must treat as a failure.
-                request.transport and request.transport.close()
+                if request.transport is not None:
+                    request.transport.close()
                 return resp
             await resp.write_eof()
             return resp
 
 
 class Unreached(errors.APIError):
-    """No connection to the kubelet could be made: the request was never sent (503)."""
+    """No connection to the kubelet could be made: the request was never sent (503, with
+    Retry-After: 1, as the kubelet's own refusal of a request its pod did not begin)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(503, "ServiceUnavailable", message)
+        super().__init__(503, "ServiceUnavailable", message, headers={"Retry-After": "1"})
 
 
 STATUS_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 503: "ServiceUnavailable"}
@@ -185,7 +232,7 @@ STATUS_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Co
 def ready_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for p in pods:
-        c = condition(p, "Ready")
+        c = condition(p, Condition.READY)
         if c and c.get("status") == "True" and not p["metadata"].get("deletionTimestamp"):
             out.append(p)
     return out

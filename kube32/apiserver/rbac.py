@@ -30,9 +30,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from .. import objects, terms
+
 GROUP = "rbac.authorization.k8s.io"
 CACHE_SECONDS = 2.0
-AUTOUPDATE = "rbac.authorization.kubernetes.io/autoupdate"
+AUTOUPDATE = terms.RBAC_AUTOUPDATE
 MASTERS = "system:masters"
 AUTHENTICATED = "system:authenticated"
 
@@ -86,8 +88,9 @@ _VIEW = [
                      "deployments/scale", "deployments/status", "replicasets", "replicasets/scale",
                      "replicasets/status", "statefulsets", "statefulsets/scale", "statefulsets/status"], READ),
     _rule(["policy"], ["poddisruptionbudgets", "poddisruptionbudgets/status"], READ),
+    _rule(["batch"], ["cronjobs", "cronjobs/status", "jobs", "jobs/status"], READ),
     # Checkpoint objects but not their data (a pod's memory: as secret as a Secret).
-    _rule(["kube32.io"], ["checkpoints", "checkpoints/status", "images", "images/info", "topicevents"], READ),
+    _rule([terms.GROUP], ["checkpoints", "checkpoints/status", "images", "images/info", "topicevents"], READ),
 ]
 _EDIT = [
     _rule([""], ["pods/attach", "pods/exec", "pods/portforward", "pods/proxy", "secrets",
@@ -101,10 +104,11 @@ _EDIT = [
     _rule(["apps"], ["daemonsets", "deployments", "deployments/rollback", "deployments/scale",
                      "replicasets", "replicasets/scale", "statefulsets", "statefulsets/scale"], WRITE),
     _rule(["policy"], ["poddisruptionbudgets"], WRITE),
+    _rule(["batch"], ["cronjobs", "jobs"], WRITE),
     _rule(["discovery.k8s.io"], ["endpointslices"], WRITE),
-    _rule(["kube32.io"], ["checkpoints"], WRITE),
-    _rule(["kube32.io"], ["checkpoints/data"], ["get", "update"]),
-    _rule(["kube32.io"], ["images", "topics"], ["create"]),
+    _rule([terms.GROUP], ["checkpoints"], WRITE),
+    _rule([terms.GROUP], ["checkpoints/data"], ["get", "update"]),
+    _rule([terms.GROUP], ["images", "topics"], ["create"]),
     *_VIEW,
 ]
 _ADMIN = [
@@ -124,8 +128,11 @@ DEFAULT_CLUSTER_ROLES: dict[str, list[dict[str, Any]]] = {
                                                            "selfsubjectrulesreviews"], ["create"]),
                           _rule(["authentication.k8s.io"], ["selfsubjectreviews"], ["create"])],
     "system:public-info-viewer": [_url_rule(["/healthz", "/livez", "/readyz", "/version", "/version/"], ["get"])],
+    # Who may scrape /metrics (kube-apiserver's system:monitoring, with its health checks).
+    "system:monitoring": [_url_rule(["/metrics", "/livez", "/livez/*", "/readyz", "/readyz/*", "/healthz",
+                                     "/healthz/*"], ["get"])],
     # A node joining with the bootstrap token may only ask for its own credentials.
-    "system:kube32:node-bootstrapper": [_rule(["kube32.io"], ["nodecredentials"], ["create"])],
+    "system:kube32:node-bootstrapper": [_rule([terms.GROUP], ["nodecredentials"], ["create"])],
 }
 
 BOOTSTRAP_GROUP = "system:bootstrappers:kube32"
@@ -143,7 +150,7 @@ DEFAULT_CLUSTER_ROLE_BINDINGS: dict[str, tuple[str, list[dict[str, str]]]] = {
 
 def default_objects() -> list[tuple[str, dict[str, Any]]]:
     """(plural, object) of every default ClusterRole and ClusterRoleBinding."""
-    labels = {"kubernetes.io/bootstrapping": "rbac-defaults"}
+    labels = {terms.Label.BOOTSTRAPPING: "rbac-defaults"}
     ann = {AUTOUPDATE: "true"}
     out: list[tuple[str, dict[str, Any]]] = []
     for name, rules in DEFAULT_CLUSTER_ROLES.items():
@@ -302,7 +309,7 @@ async def ensure_defaults(registry: Any) -> None:
         if current is None:
             await registry.create(res, None, obj)
             continue
-        if (current["metadata"].get("annotations") or {}).get(AUTOUPDATE) == "false":
+        if objects.annotations(current).get(AUTOUPDATE) == "false":
             continue
         fields = ("rules",) if plural == "clusterroles" else ("roleRef", "subjects")
         if all(current.get(f) == obj.get(f) for f in fields):

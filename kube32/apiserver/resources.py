@@ -8,9 +8,12 @@ is one line here plus its strategy.  Storage keys are
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from .strategies.apps import (DaemonSetStrategy, DeploymentStrategy,
+from .strategies.apiextensions import CustomResourceDefinitionStrategy
+from .strategies.apps import (ControllerRevisionStrategy, DaemonSetStrategy, DeploymentStrategy,
                               PodDisruptionBudgetStrategy, ReplicaSetStrategy)
+from .strategies.batch import CronJobStrategy, JobStrategy
 from .strategies.checkpoint import CheckpointStrategy
 from .strategies.namespace import NamespaceStrategy
 from .strategies.node import NodeStrategy
@@ -20,6 +23,7 @@ from .strategies.rbac import (ClusterRoleBindingStrategy, ClusterRoleStrategy, R
 from .strategies.service import EndpointSliceStrategy, EndpointsStrategy, ServiceStrategy
 from .strategies.simple import ConfigMapStrategy, EventStrategy, LeaseStrategy, SecretStrategy
 from .strategy import Strategy
+from ..terms import GROUP, VERSION
 
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
@@ -46,6 +50,10 @@ class Resource:
     categories: tuple[str, ...] = ()
     subresources: tuple[Subresource, ...] = ()
     verbs: tuple[str, ...] = tuple(VERBS)
+    # The OpenAPI v3 schema of the kind's objects, where the table has one (a custom
+    # resource's openAPIV3Schema, kube32.apiserver.crds); None: the OpenAPI module's own.
+    schema: Any = None
+    custom: bool = False   # defined by a CustomResourceDefinition (kube32.apiserver.crds)
 
     @property
     def api_version(self) -> str:
@@ -105,11 +113,17 @@ RESOURCES: tuple[Resource, ...] = (
              ("rs",), ("all",), subresources=(_status("ReplicaSet"), _SCALE)),
     Resource("apps", "v1", "daemonsets", "daemonset", "DaemonSet", True, DaemonSetStrategy(),
              ("ds",), ("all",), subresources=(_status("DaemonSet"),)),
+    Resource("apps", "v1", "controllerrevisions", "controllerrevision", "ControllerRevision", True,
+             ControllerRevisionStrategy()),
+    Resource("batch", "v1", "jobs", "job", "Job", True, JobStrategy(), (), ("all",),
+             subresources=(_status("Job"),)),
+    Resource("batch", "v1", "cronjobs", "cronjob", "CronJob", True, CronJobStrategy(), ("cj",), ("all",),
+             subresources=(_status("CronJob"),)),
     Resource("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", True,
              PodDisruptionBudgetStrategy(), ("pdb",), subresources=(_status("PodDisruptionBudget"),)),
     Resource("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice", True,
              EndpointSliceStrategy()),
-    Resource("kube32.io", "v1", "checkpoints", "checkpoint", "Checkpoint", True, CheckpointStrategy(),
+    Resource(GROUP, VERSION, "checkpoints", "checkpoint", "Checkpoint", True, CheckpointStrategy(),
              ("ckpt",), ("kube32",),
              subresources=(_status("Checkpoint"), Subresource("data", "Checkpoint", ("get", "update")))),
     Resource("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", True, ServiceAccountStrategy(),
@@ -122,6 +136,9 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", True, RoleStrategy()),
     Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "rolebinding", "RoleBinding", True,
              RoleBindingStrategy()),
+    Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "customresourcedefinition",
+             "CustomResourceDefinition", False, CustomResourceDefinitionStrategy(), ("crd", "crds"),
+             ("api-extensions",), subresources=(_status("CustomResourceDefinition"),)),
     # Answered by the server (kube32.apiserver.authz), never stored: listed for discovery.
     Resource("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "", "SelfSubjectAccessReview",
              False, ReviewStrategy(), verbs=("create",)),
@@ -140,6 +157,20 @@ RESOURCES: tuple[Resource, ...] = (
 GROUP_VERSIONS: dict[str, list[Resource]] = {}
 for _r in RESOURCES:
     GROUP_VERSIONS.setdefault(_r.group_version, []).append(_r)
+
+# Kubernetes subresources a Kube32 pod has no use for, refused with the reason rather than
+# a bare 404 (kubectl exec, attach, cp, port-forward and debug reach these).
+_NO_PROCESS = ("a Kube32 pod is a WebAssembly module, with no processes, shell or terminal to "
+               "run commands in; read its output with kubectl logs")
+NOT_HERE = {
+    ("pods", "exec"): _NO_PROCESS,
+    ("pods", "attach"): _NO_PROCESS,
+    ("pods", "ephemeralcontainers"): _NO_PROCESS,
+    ("pods", "portforward"): "a Kube32 pod has no network ports to forward; reach its HTTP handler "
+                             "through the API server: kubectl get --raw "
+                             "/api/v1/namespaces/<namespace>/pods/<name>/proxy/<path>, or kubectl proxy",
+}
+
 
 # Groups in discovery order; "policy" serves evictions as a subresource of pods too.
 GROUPS: dict[str, str] = {}  # group -> preferred version

@@ -13,28 +13,27 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from . import bodies, errors
+from .auth import ServiceAccountRef, TokenAuthenticator, User
 from .protobuf import fields as _proto_fields
-from .auth import ServiceAccountRef, User
-
-if TYPE_CHECKING:
-    from .server import APIServer, Target
+from .registry import Registry
+from .resources import by_plural
+from .routing import Handler, Target, json_response
 
 DEFAULT_SECONDS = 3600
 MIN_SECONDS = 600
 MAX_SECONDS = 1 << 32
 
 
-async def still_valid(server: "APIServer", user: User) -> bool:
+async def still_valid(registry: Registry, user: User) -> bool:
     ref = user.extra.get("serviceaccount")
     if not isinstance(ref, ServiceAccountRef):
         return True
-    from .resources import by_plural
-    sa = await server.registry.try_get(by_plural("serviceaccounts"), ref.namespace, ref.name)
+    sa = await registry.try_get(by_plural("serviceaccounts"), ref.namespace, ref.name)
     return sa is not None and sa["metadata"].get("uid") == ref.uid
 
 
@@ -52,12 +51,11 @@ def _decode_protobuf(raw: bytes) -> dict[str, Any]:
         raise errors.bad_request(f"the protobuf body could not be decoded: {e}") from None
 
 
-def install(server: "APIServer") -> None:
-    async def token(request: web.Request, t: "Target") -> web.Response:
-        from .resources import by_plural
-        from .server import json_response
+def token_handler(registry: Registry, auth: TokenAuthenticator) -> Handler:
+    """``POST serviceaccounts/<name>/token`` (a TokenRequest), for the API server's table."""
+    async def token(request: web.Request, t: Target) -> web.Response:
         assert t.namespace is not None and t.name is not None
-        tokens = server.auth.service_accounts
+        tokens = auth.service_accounts
         if tokens is None:
             raise errors.service_unavailable("this API server has no key to sign ServiceAccount tokens")
         raw = await bodies.read_raw(request)
@@ -74,7 +72,7 @@ def install(server: "APIServer") -> None:
             raise errors.invalid("TokenRequest", t.name, [("spec.expirationSeconds",
                                  "Invalid value: may not specify a duration less than 10 minutes")],
                                  "authentication.k8s.io")
-        sa = await server.registry.get(by_plural("serviceaccounts"), t.namespace, t.name)
+        sa = await registry.get(by_plural("serviceaccounts"), t.namespace, t.name)
         expires = int(time.time()) + seconds
         value = tokens.issue(t.namespace, t.name, sa["metadata"]["uid"], expires)
         when = dt.datetime.fromtimestamp(expires, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -85,4 +83,4 @@ def install(server: "APIServer") -> None:
                                        "boundObjectRef": None},
                               "status": {"token": value, "expirationTimestamp": when}}, 201)
 
-    server.sub_handlers[("serviceaccounts", "token", "POST")] = token
+    return token

@@ -9,13 +9,15 @@ else the same way for every kind.  Invariants a strategy keeps:
   object writes when the kind has a status subresource; status changes only
   through ``/status`` (``prepare_for_status_update`` keeps everything else).
 * ``validate`` returns (field, message) pairs; an empty list means valid.
+  ``validate_async`` is for checks that must run off the event loop (CEL rules).
 """
 from __future__ import annotations
 
-import copy
+from .jsoncopy import copy_json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .. import objects
 from . import meta
 
 
@@ -72,14 +74,14 @@ class Strategy:
     def prepare_for_update(self, new: dict[str, Any], old: dict[str, Any]) -> None:
         if self.has_status:
             if "status" in old:
-                new["status"] = copy.deepcopy(old["status"])
+                new["status"] = copy_json(old["status"])
             else:
                 new.pop("status", None)
         self.default(new)
 
     def prepare_for_status_update(self, new: dict[str, Any], old: dict[str, Any]) -> None:
         status = new.get("status")
-        keep = copy.deepcopy(old)
+        keep = copy_json(old)
         new.clear()
         new.update(keep)
         if status is not None:
@@ -96,6 +98,11 @@ class Strategy:
 
     def validate_update(self, new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, str]]:
         return self.validate(new)
+
+    async def validate_async(self, new: dict[str, Any], old: dict[str, Any] | None) -> list[tuple[str, str]]:
+        """Checks too slow for the event loop (a CRD's CEL rules), after ``validate`` passed, on
+        every write (``old``: None on a create), status and scale writes too."""
+        return []
 
     def delete_refusal(self, obj: dict[str, Any]) -> str | None:
         """Why ``obj`` may never be deleted (403, before anything is written), or None."""
@@ -120,7 +127,7 @@ class Strategy:
     # --- reads --------------------------------------------------------------
     def fields(self, obj: dict[str, Any]) -> dict[str, str]:
         """Values of the fields a field selector may name."""
-        md = obj.get("metadata") or {}
+        md = objects.meta(obj)
         out = {"metadata.name": md.get("name", ""), "metadata.namespace": md.get("namespace", "")}
         out.update(self.extra_fields(obj))
         return out
@@ -129,7 +136,7 @@ class Strategy:
         return {}
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
-        return [meta.name_of(obj), meta.age(obj)]
+        return [objects.name(obj), meta.age(obj)]
 
 
 def get_path(obj: Any, *path: str | int, default: Any = None) -> Any:

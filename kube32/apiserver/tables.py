@@ -27,16 +27,22 @@ def _row_object(res: Resource, obj: dict[str, Any], include: str) -> dict[str, A
             "metadata": obj.get("metadata", {})}
 
 
+def row(res: Resource, obj: dict[str, Any], include: str = "Metadata") -> dict[str, Any]:
+    """One object's row of a Table."""
+    out: dict[str, Any] = {"cells": res.strategy.row(obj)}
+    ro = _row_object(res, obj, include)
+    if ro is not None:
+        out["object"] = ro
+    return out
+
+
+def head(res: Resource) -> dict[str, Any]:
+    """A Table's fields but its rows and metadata (a streamed list writes those after)."""
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1",
+            "columnDefinitions": [c.definition() for c in res.strategy.columns]}
+
+
 def table(res: Resource, objs: Iterable[dict[str, Any]], resource_version: str,
           include: str = "Metadata") -> dict[str, Any]:
-    rows = []
-    for obj in objs:
-        row: dict[str, Any] = {"cells": res.strategy.row(obj)}
-        ro = _row_object(res, obj, include)
-        if ro is not None:
-            row["object"] = ro
-        rows.append(row)
-    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"resourceVersion": resource_version},
-            "columnDefinitions": [c.definition() for c in res.strategy.columns],
-            "rows": rows}
+    return {**head(res), "metadata": {"resourceVersion": resource_version},
+            "rows": [row(res, obj, include) for obj in objs]}

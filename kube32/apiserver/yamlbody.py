@@ -25,11 +25,12 @@ sigs.k8s.io/yaml's YAML-to-JSON conversion does; one document only.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from .limits import out_of_range
 
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -157,8 +158,9 @@ class _Builder:
         except (ValueError, yaml.YAMLError) as e:
             reason = str(e).split("; use sys.")[0]   # Python's advice is not the client's
             raise BodyError(f"the scalar {event.value[:40]!r} cannot be read as {tag[len(_TAG):]}: {reason}") from None
-        if isinstance(value, float) and not math.isfinite(value):
-            raise BodyError(f"{event.value!r} is not a JSON number (JSON has no NaN or infinity)")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and out_of_range(value):
+            raise BodyError(f"{event.value[:40]!r} is not a JSON number (JSON has no NaN or infinity, and "
+                            "no number out of the range of a 64-bit float)")
         return value
 
     def _anchor(self, name: str | None, value: Any, size: int, depth: int, values: int) -> None:
@@ -174,7 +176,7 @@ class _Builder:
             self._anchor(event.anchor, value, size, 0, 1)
             self._put(value, 0)
         elif isinstance(event, yaml.AliasEvent):
-            anchored = self.anchors.get(event.anchor)
+            anchored = self.anchors.get(event.anchor or "")
             if anchored is None:
                 raise BodyError(f'the alias *{event.anchor} names no finished anchor '
                                 "(undefined, or its own ancestor)")

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 from ..client import ApiError, Client
+from ..urlpath import group_path
 
 
 async def _push(kubeconfig: str | None, data: bytes) -> dict:
     async with Client.from_kubeconfig(kubeconfig, user_agent="kube32-cli") as client:
-        return await client.post_bytes("/apis/kube32.io/v1/images", data, "application/wasm")
+        return await client.post_bytes(group_path("images"), data, "application/wasm")
 
 
 def push_main(argv: list[str]) -> int:

@@ -17,16 +17,19 @@ from typing import Any
 
 from rich.console import Console
 
+from .. import movability, objects
+from . import output
 from ..client import CHECKPOINTS, PODS, ApiError, Client
+from ..terms import API_VERSION, Annotation, CheckpointAction, CheckpointPhase
 
-TERMINAL = {"Saved", "Completed", "Failed"}
+TERMINAL = set(CheckpointPhase.FINISHED)
 PHASE_WORDS = {
-    "Pending": "created, waiting for the controller",
-    "Saving": "the node freezes the pod and sends its state",
-    "Saved": "the snapshot is stored",
-    "Moving": "the replacement is restoring on the target",
-    "Completed": "the replacement runs on the target",
-    "Failed": "refused or rolled back",
+    CheckpointPhase.PENDING: "created, waiting for the controller",
+    CheckpointPhase.SAVING: "the node freezes the pod and sends its state",
+    CheckpointPhase.SAVED: "the snapshot is stored",
+    CheckpointPhase.MOVING: "the replacement is restoring on the target",
+    CheckpointPhase.COMPLETED: "the replacement runs on the target",
+    CheckpointPhase.FAILED: "refused or rolled back",
 }
 
 
@@ -64,7 +67,7 @@ def checkpoint_object(args: argparse.Namespace, action: str) -> dict[str, Any]:
     spec: dict[str, Any] = {"podName": args.pod, "action": action}
     if args.container:
         spec["containerName"] = args.container
-    if action == "Move":
+    if action == CheckpointAction.MOVE:
         target: dict[str, Any] = {}
         if args.node:
             target["nodeName"] = args.node
@@ -72,8 +75,8 @@ def checkpoint_object(args: argparse.Namespace, action: str) -> dict[str, Any]:
             target["nodeSelector"] = dict(s.split("=", 1) for s in args.selector)
         if target:
             spec["target"] = target
-    suffix = "move" if action == "Move" else "save"
-    return {"apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+    suffix = "move" if action == CheckpointAction.MOVE else "save"
+    return {"apiVersion": API_VERSION, "kind": "Checkpoint",
             "metadata": {"name": f"{args.pod[:40]}-{suffix}-{secrets.token_hex(3)}"}, "spec": spec}
 
 
@@ -83,7 +86,8 @@ async def follow(client: Client, ns: str, name: str, console: Console, timeout: 
 
     The watch starts at ``since`` (the resourceVersion of the create), so every phase
     the controller wrote is seen, however fast the move was."""
-    last = "Pending" if since else None
+    last = CheckpointPhase.PENDING if since else None
+    waited = ""
     if since:
         console.print(f"  [dim]{0:6.2f}s[/]  [bold]{'Pending':<9}[/] {PHASE_WORDS['Pending']}")
     start = time.monotonic()
@@ -94,10 +98,13 @@ async def follow(client: Client, ns: str, name: str, console: Console, timeout: 
                                                 resource_version=since,
                                                 timeout_seconds=max(1, int(deadline - time.monotonic()))):
                 since = ck["metadata"].get("resourceVersion", since)
-                phase = (ck.get("status") or {}).get("phase", "Pending")
-                if phase != last:
-                    last = phase
-                    console.print(f"  [dim]{time.monotonic() - start:6.2f}s[/]  [bold]{phase:<9}[/] {PHASE_WORDS.get(phase, '')}")
+                phase = objects.status(ck).get("phase", CheckpointPhase.PENDING)
+                said = objects.status(ck).get("message") or ""
+                if phase != last or (phase == CheckpointPhase.PENDING and said and said != waited):
+                    # A Pending move says why it waits (its turn, room in the data space).
+                    last, waited = phase, said
+                    words = said if phase == CheckpointPhase.PENDING and said else PHASE_WORDS.get(phase, "")
+                    console.print(f"  [dim]{time.monotonic() - start:6.2f}s[/]  [bold]{phase:<9}[/] {words}")
                 if phase in TERMINAL or etype == "DELETED":
                     return ck
         except ApiError as e:
@@ -110,14 +117,14 @@ async def follow(client: Client, ns: str, name: str, console: Console, timeout: 
 
 
 def report(ck: dict[str, Any], console: Console) -> int:
-    st = ck.get("status") or {}
+    st = objects.status(ck)
     phase = st.get("phase")
-    if phase == "Completed":
+    if phase == CheckpointPhase.COMPLETED:
         took = f"running {st['moveMillis']} ms after the freeze" if "moveMillis" in st else st.get("message", "")
         console.print(f"[bold green]moved[/] {ck['spec']['podName']} from {st.get('nodeName')} to "
                       f"{st.get('targetNode')}: {took}")
         return 0
-    if phase == "Saved":
+    if phase == CheckpointPhase.SAVED:
         console.print(f"[bold green]saved[/] {ck['spec']['podName']} on {st.get('nodeName')}: "
                       f"{st.get('sizeBytes', 0)} bytes, pod time {st.get('podTimeMs')} ms, checkpoint "
                       f"{ck['metadata']['name']}")
@@ -129,7 +136,7 @@ def report(ck: dict[str, Any], console: Console) -> int:
 
 
 async def _run(args: argparse.Namespace, action: str) -> int:
-    console = Console(highlight=False, soft_wrap=True)
+    console = output.console(highlight=False, soft_wrap=True)
     ns = _namespace(args)
     async with Client.from_kubeconfig(args.kubeconfig, user_agent="kube32-cli") as client:
         try:
@@ -139,7 +146,7 @@ async def _run(args: argparse.Namespace, action: str) -> int:
             console.print(f"[bold red]error:[/] {e.message or e}")
             return 1
         name = ck["metadata"]["name"]
-        what = f"moving {ns}/{args.pod}" + (f" to {args.node}" if action == "Move" and args.node else "")
+        what = f"moving {ns}/{args.pod}" + (f" to {args.node}" if action == CheckpointAction.MOVE and args.node else "")
         console.print(f"{what if action == 'Move' else f'checkpointing {ns}/{args.pod}'} (checkpoint {name})")
         started = time.monotonic()
         try:
@@ -148,7 +155,7 @@ async def _run(args: argparse.Namespace, action: str) -> int:
             console.print(f"[bold red]error:[/] {e}")
             return 1
         code = report(final, console)
-        if (final.get("status") or {}).get("rollbackPodUID"):
+        if objects.status(final).get("rollbackPodUID"):
             left = args.timeout - (time.monotonic() - started)
             await rolled_back(client, ns, final, console, max(1.0, min(ROLLBACK_FOLLOW_SECONDS, left)))
         return code
@@ -161,8 +168,10 @@ async def rolled_back(client: Client, ns: str, ck: dict[str, Any], console: Cons
     """After a failed move, what became of the pod: it runs on its source with its state (its
     kube32.io/restore-from is removed once it runs), or it was replaced again and started
     afresh (the Checkpoint's message then says why), or, when the Checkpoint's data was
-    gone, it was not rolled back and runs afresh.  Bounded by ``timeout``."""
-    st = ck.get("status") or {}
+    gone, it was not rolled back and runs afresh.  A pod its source refused for room is
+    replaced to restore where the scheduler binds it: the Checkpoint's ``rollbackPodUID``
+    then names that one, which is followed.  Bounded by ``timeout``."""
+    st = objects.status(ck)
     uid, pod_name = st["rollbackPodUID"], st.get("newPodName") or ck["spec"]["podName"]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -173,12 +182,16 @@ async def rolled_back(client: Client, ns: str, ck: dict[str, Any], console: Cons
                 raise
             pod = None
         if pod is None or pod["metadata"]["uid"] != uid:
-            again = await client.get(CHECKPOINTS, ck["metadata"]["name"], ns)
-            console.print(f"[bold red]state lost:[/] {(again.get('status') or {}).get('message', '')}"
+            again = objects.status(await client.get(CHECKPOINTS, ck["metadata"]["name"], ns))
+            if pod is not None and (again.get("rollbackPodUID") == pod["metadata"]["uid"]
+                                    or movability.restore_from(pod) == ck["metadata"]["name"]):
+                uid, st = pod["metadata"]["uid"], again  # the rollback goes on in this pod
+                continue
+            console.print(f"[bold red]state lost:[/] {again.get('message', '')}"
                           if pod is not None else "the pod is gone")
             return
-        statuses = (pod.get("status") or {}).get("containerStatuses") or []
-        restoring = "kube32.io/restore-from" in (pod["metadata"].get("annotations") or {})
+        statuses = objects.status(pod).get("containerStatuses") or []
+        restoring = Annotation.RESTORE_FROM in objects.annotations(pod)
         if statuses and all("running" in (c.get("state") or {}) for c in statuses) and not restoring:
             node = pod["spec"].get("nodeName")
             console.print(f"the pod runs on {node}, started afresh: its state is lost"
@@ -190,8 +203,8 @@ async def rolled_back(client: Client, ns: str, ck: dict[str, Any], console: Cons
 
 
 def move_main(argv: list[str]) -> int:
-    return asyncio.run(_run(_parser("kube32-cli move", True).parse_args(argv), "Move"))
+    return asyncio.run(_run(_parser("kube32-cli move", True).parse_args(argv), CheckpointAction.MOVE))
 
 
 def checkpoint_main(argv: list[str]) -> int:
-    return asyncio.run(_run(_parser("kube32-cli checkpoint", False).parse_args(argv), "Save"))
+    return asyncio.run(_run(_parser("kube32-cli checkpoint", False).parse_args(argv), CheckpointAction.SAVE))

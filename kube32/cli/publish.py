@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from urllib.parse import quote
 
 from ..client import ApiError, Client
+from ..urlpath import PathRefused, group_path
 
 
 async def _publish(kubeconfig: str | None, ns: str, topic: str, payload: bytes) -> dict:
     async with Client.from_kubeconfig(kubeconfig, user_agent="kube32-cli") as client:
-        path = f"/apis/kube32.io/v1/namespaces/{quote(ns, safe='')}/topics/{quote(topic, safe='')}"
+        path = group_path("namespaces", ns, "topics", *topic.split("/"))
         return await client.post_bytes(path, payload, "application/octet-stream", {"source": "user"})
 
 
@@ -32,6 +32,9 @@ def publish_main(argv: list[str]) -> int:
         out = asyncio.run(_publish(args.kubeconfig, args.namespace, args.topic, payload))
     except ApiError as e:
         print(f"kube32-cli publish: {e.message}", file=sys.stderr)
+        return 1
+    except PathRefused as e:
+        print(f"kube32-cli publish: topic {args.topic!r}: {e}", file=sys.stderr)
         return 1
     except (OSError, KeyError, ValueError) as e:
         print(f"kube32-cli publish: cannot use the kubeconfig: {e}", file=sys.stderr)

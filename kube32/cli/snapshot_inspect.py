@@ -26,6 +26,8 @@ from kube32.snapshot import (
     GlobalState, Header, Snapshot, SnapshotError, SnapshotReader,
 )
 
+from . import output
+
 
 def global_value(g: GlobalState) -> Any:
     """The value a global's bits stand for; floats that JSON cannot hold become strings."""
@@ -153,7 +155,7 @@ def inspect_main(argv: list[str]) -> int:
             doc["error"] = {"cause": error.cause, "message": str(error)}
         print(json.dumps(doc, indent=2))
     else:
-        print_human(Console(), args.file, reader.header, snap)
+        print_human(output.console(), args.file, reader.header, snap)
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -12,15 +12,15 @@ validation, status rules and watch as kubectl's), with:
   retried with back-off (client-go's workqueue);
 * :class:`EventRecorder`: Kubernetes Events with counts.
 """
-from .kinds import (CHECKPOINTS, CONFIGMAPS, DAEMONSETS, DEPLOYMENTS, ENDPOINTS, ENDPOINTSLICES,
-                    EVENTS, LEASES, NAMESPACES, NODES, PDBS, PODS, REPLICASETS, ROLEBINDINGS, ROLES, SECRETS,
-                    SERVICEACCOUNTS, SERVICES, Kind)
+from .kinds import (CHECKPOINTS, CONFIGMAPS, CONTROLLERREVISIONS, CRONJOBS, DAEMONSETS, DEPLOYMENTS,
+                    ENDPOINTS, ENDPOINTSLICES, EVENTS, JOBS, LEASES, NAMESPACES, NODES, PDBS, PODS,
+                    REPLICASETS, ROLEBINDINGS, ROLES, SECRETS, SERVICEACCOUNTS, SERVICES, Kind)
 from .rest import ApiError, Client
 from .informer import Informer, MutationCache
 from .workqueue import WorkQueue
 from .events import EventRecorder
 
 __all__ = ["Kind", "Client", "ApiError", "Informer", "MutationCache", "WorkQueue", "EventRecorder",
-           "CHECKPOINTS", "CONFIGMAPS", "DAEMONSETS", "DEPLOYMENTS", "ENDPOINTS", "ENDPOINTSLICES",
-           "EVENTS", "LEASES", "NAMESPACES", "NODES", "PDBS", "PODS", "REPLICASETS", "ROLEBINDINGS", "ROLES",
-           "SECRETS", "SERVICEACCOUNTS", "SERVICES"]
+           "CHECKPOINTS", "CONFIGMAPS", "CONTROLLERREVISIONS", "CRONJOBS", "DAEMONSETS", "DEPLOYMENTS",
+           "ENDPOINTS", "ENDPOINTSLICES", "EVENTS", "JOBS", "LEASES", "NAMESPACES", "NODES", "PDBS", "PODS",
+           "REPLICASETS", "ROLEBINDINGS", "ROLES", "SECRETS", "SERVICEACCOUNTS", "SERVICES"]

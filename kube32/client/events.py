@@ -12,6 +12,7 @@ import logging
 import secrets
 from typing import Any
 
+from .. import objects
 from .kinds import EVENTS
 from .rest import ApiError, Client
 
@@ -32,7 +33,7 @@ class EventRecorder:
     async def record(self, obj: dict[str, Any], type_: str, reason: str, message: str,
                      times: int = 1) -> None:
         """Record that it happened ``times`` times (the event's ``count`` grows by that)."""
-        md = obj.get("metadata") or {}
+        md = objects.meta(obj)
         ns = md.get("namespace") or "default"
         involved = {"kind": obj.get("kind", ""), "apiVersion": obj.get("apiVersion", ""),
                     "name": md.get("name", ""), "namespace": md.get("namespace", ""),

@@ -5,6 +5,13 @@ the cache and calls the handlers (which should only enqueue keys).  When the
 watch ends it resumes from the last resourceVersion seen; after a 410 or an
 error it lists again and reports the differences as events, so handlers see
 every change at least once (level-triggered code tolerates repeats).
+
+An object replaced under its name (a moved pod) comes from the server as DELETED
+(annotated ``kube32.io/replaced-by``) then ADDED at one revision; this informer
+takes the pair as the one write it is: one MODIFIED whose uid changed, the cache
+never without that name in between.  Kube32's controllers count a moving pod as one
+pod at every step (a ReplicaSet never sees it gone), and a watch cut between the two
+resumes before the DELETED, so the pair is never half seen.
 """
 from __future__ import annotations
 
@@ -12,6 +19,8 @@ import asyncio
 import logging
 from typing import Any, Callable
 
+from .. import objects
+from ..terms import Annotation
 from .kinds import Kind
 from .rest import ApiError, Client
 
@@ -21,7 +30,7 @@ Handler = Callable[[str, Obj, Obj | None], None]  # (type, obj, old)
 
 
 def key_of(obj: Obj) -> str:
-    md = obj.get("metadata") or {}
+    md = objects.meta(obj)
     return f"{md['namespace']}/{md['name']}" if md.get("namespace") else md.get("name", "")
 
 
@@ -76,12 +85,12 @@ class Informer:
                 del self.cache[key]
                 self._emit("DELETED", old, old)
         for key, obj in fresh.items():
-            old = self.cache.get(key)
+            was = self.cache.get(key)
             self.cache[key] = obj
-            if old is None:
+            if was is None:
                 self._emit("ADDED", obj, None)
-            elif old.get("metadata", {}).get("resourceVersion") != obj.get("metadata", {}).get("resourceVersion"):
-                self._emit("MODIFIED", obj, old)
+            elif was.get("metadata", {}).get("resourceVersion") != obj.get("metadata", {}).get("resourceVersion"):
+                self._emit("MODIFIED", obj, was)
         self._rv = rv
         self.synced.set()
 
@@ -97,9 +106,13 @@ class Informer:
                         self.kind, self.namespace, label_selector=self.label_selector,
                         field_selector=self.field_selector, resource_version=self._rv,
                         timeout_seconds=300):
+                    if etype == "DELETED" and Annotation.REPLACED_BY in objects.annotations(obj):
+                        continue   # its ADDED follows, at the same revision (see the module doc)
                     self._rv = obj.get("metadata", {}).get("resourceVersion", self._rv)
                     key = key_of(obj)
                     old = self.cache.get(key)
+                    if etype == "ADDED" and old is not None:
+                        etype = "MODIFIED"   # the replacement of a DELETED taken above
                     if etype == "DELETED":
                         self.cache.pop(key, None)
                     elif etype in ("ADDED", "MODIFIED"):
@@ -125,7 +138,7 @@ class Informer:
 
 def _revision(obj: Obj) -> int | None:
     try:
-        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
+        return int(objects.meta(obj).get("resourceVersion", ""))
     except ValueError:
         return None
 
@@ -152,7 +165,7 @@ class MutationCache:
             return
         seen, own = _revision(obj), _revision(mine)
         if etype == "DELETED" or seen is None or own is None or seen >= own \
-                or (obj.get("metadata") or {}).get("uid") != (mine.get("metadata") or {}).get("uid"):
+                or objects.meta(obj).get("uid") != objects.meta(mine).get("uid"):
             del self._mine[key]
 
     def mutated(self, obj: Obj) -> Obj:

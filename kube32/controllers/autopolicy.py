@@ -25,16 +25,18 @@ import time
 from fractions import Fraction
 from typing import Any
 
-from .. import movability
+from .. import movability, objects
 from ..client import CHECKPOINTS, NODES, PODS
+from ..terms import (API_VERSION, FASTEST, Annotation, CheckpointAction, CheckpointPhase, Condition, Label, PodPhase,
+                     Policy, Trigger)
 from .base import Controller
 from .checkpoint import fastest_fit, interp_mops
-from .scheduler import condition_status, node_ready, pod_requests
+from .scheduler import node_ready, pod_requests
 
 log = logging.getLogger("kube32.autopolicy")
 Obj = dict[str, Any]
 PLACEMENT_PASS = "placement"
-UNDER_WAY = ("Pending", "Saving", "Moving")
+UNDER_WAY = (CheckpointPhase.PENDING, CheckpointPhase.SAVING, CheckpointPhase.MOVING)
 
 
 def faster(candidate: Obj, current: Obj) -> bool:
@@ -44,12 +46,21 @@ def faster(candidate: Obj, current: Obj) -> bool:
     a few per cent on a loaded machine); two nodes that measured on the same machine
     with the same engine are the same speed by construction, so any difference between
     them is noise.  A figure given with ``--interp-mops`` names no machine."""
-    key = movability.INTERP_MOPS_MEASURED_ON
-    on = (candidate["metadata"].get("annotations") or {}).get(key)
-    if on and on == (current["metadata"].get("annotations") or {}).get(key):
+    key = Annotation.INTERP_MOPS_MEASURED_ON
+    on = objects.annotations(candidate).get(key)
+    if on and on == objects.annotations(current).get(key):
         return False
     fast = interp_mops(candidate)
     return fast > 0 and fast >= 2 * interp_mops(current)
+
+
+def _placement_facts(node: Obj) -> tuple[Any, ...]:
+    """What a placement reads of a node (readiness, speed, what fits): a status report
+    that changes none of it (a heartbeat, the free heap) asks for no placement pass."""
+    md, status = node["metadata"], objects.status(node)
+    ann = md.get("annotations") or {}
+    return (node_ready(node), ann.get(Annotation.INTERP_MOPS), ann.get(Annotation.INTERP_MOPS_MEASURED_ON),
+            md.get("labels"), node.get("spec"), status.get("allocatable"))
 
 
 def _pod_key(pod: Obj) -> str:
@@ -75,11 +86,17 @@ class AutoPolicy(Controller):
         self.pods.add_handler(lambda t, pod, old: self._on_pod(pod))
 
     def _on_node(self, etype: str, node: Obj, old: Obj | None) -> None:
-        self.queue.add(f"node/{node['metadata']['name']}")
-        self.queue.add(PLACEMENT_PASS)
+        # O(1) per node event: a node's every status report is an event (a fleet of a
+        # thousand reports a hundred a second), so a pass over every pod and node runs
+        # only when what a placement reads of the node changed; the pressure pass only
+        # for a node under pressure; the resync looks at everything every 30 s besides.
+        if objects.condition_status(node, Condition.MEMORY_PRESSURE) == "True":
+            self.queue.add(f"node/{node['metadata']['name']}")
+        if etype == "DELETED" or old is None or _placement_facts(node) != _placement_facts(old):
+            self.queue.add(PLACEMENT_PASS)
 
     def _on_pod(self, pod: Obj) -> None:
-        if movability.policy(pod) == "Auto":
+        if movability.policy(pod) == Policy.AUTO:
             self.queue.add(PLACEMENT_PASS)
             if pod["spec"].get("nodeName"):
                 self.queue.add(f"node/{pod['spec']['nodeName']}")
@@ -98,18 +115,20 @@ class AutoPolicy(Controller):
     # --- shared -------------------------------------------------------------------
     def _candidates(self, node: str | None = None) -> list[Obj]:
         """Auto pods that run, have no move under way and are out of their cooldown."""
-        busy = {(c["metadata"].get("namespace"), (c.get("spec") or {}).get("podName"))
+        busy = {(c["metadata"].get("namespace"), objects.spec(c).get("podName"))
                 for c in self.checkpoints.list()
-                if (c.get("spec") or {}).get("action") == "Move" and (c.get("status") or {}).get("phase", "Pending") in UNDER_WAY}
+                if objects.spec(c).get("action") == CheckpointAction.MOVE
+                and objects.status(c).get("phase", CheckpointPhase.PENDING) in UNDER_WAY}
         now = time.monotonic()
         out = []
         for pod in self.pods.list():
-            md, spec, st = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
-            if movability.policy(pod) != "Auto" or md.get("deletionTimestamp") or st.get("phase") != "Running":
+            md, spec, st = pod["metadata"], objects.spec(pod), objects.status(pod)
+            if movability.policy(pod) != Policy.AUTO or md.get("deletionTimestamp") \
+                    or st.get("phase") != PodPhase.RUNNING:
                 continue
             if node is not None and spec.get("nodeName") != node:
                 continue
-            if (md.get("namespace"), md["name"]) in busy or movability.RESTORE_FROM in (md.get("annotations") or {}):
+            if (md.get("namespace"), md["name"]) in busy or Annotation.RESTORE_FROM in (md.get("annotations") or {}):
                 continue
             if now - self._pod_moved.get(_pod_key(pod), -1e18) < self.pod_cooldown:
                 continue
@@ -120,21 +139,21 @@ class AutoPolicy(Controller):
 
     async def _move(self, pod: Obj, trigger: str, target: str | None, why: str) -> None:
         md = pod["metadata"]
-        spec: Obj = {"podName": md["name"], "action": "Move"}
+        spec: Obj = {"podName": md["name"], "action": CheckpointAction.MOVE}
         if target:
             spec["target"] = {"nodeName": target}
         await self.client.create(CHECKPOINTS, {
-            "apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+            "apiVersion": API_VERSION, "kind": "Checkpoint",
             "metadata": {"name": f"{md['name'][:40]}-{trigger}-{secrets.token_hex(3)}", "namespace": md["namespace"],
-                         "labels": {movability.TRIGGER: trigger}},
+                         "labels": {Label.TRIGGER: trigger}},
             "spec": spec}, md["namespace"])
         self._pod_moved[_pod_key(pod)] = time.monotonic()
         await self.recorder.record(pod, "Normal", "AutoMove", why)
 
     # --- memory pressure -------------------------------------------------------------
     async def _pressure(self, node_name: str) -> None:
-        node = next((n for n in self.nodes.list() if n["metadata"]["name"] == node_name), None)
-        if node is None or condition_status(node, "MemoryPressure") != "True":
+        node = self.nodes.get(node_name)
+        if node is None or objects.condition_status(node, Condition.MEMORY_PRESSURE) != "True":
             return
         waited = time.monotonic() - self._node_moved.get(node_name, -1e18)
         if waited < self.node_cooldown:
@@ -145,21 +164,22 @@ class AutoPolicy(Controller):
             return
         biggest = max(pods, key=lambda p: (pod_requests(p).get("memory", Fraction(0)), p["metadata"]["name"]))
         self._node_moved[node_name] = time.monotonic()
-        await self._move(biggest, "memory-pressure", None,
+        await self._move(biggest, Trigger.MEMORY_PRESSURE, None,
                          f"Node {node_name} is short of memory: moving the Auto pod that requests the most")
         self.queue.add_after(f"node/{node_name}", self.node_cooldown + 0.05)
 
     # --- faster nodes ------------------------------------------------------------------
     async def _placement(self) -> None:
+        soonest = None
+        fastest = [p for p in self.pods.list() if objects.annotations(p).get(Annotation.PLACEMENT) == FASTEST]
+        if not fastest:
+            return
         nodes = [n for n in self.nodes.list() if node_ready(n)]
         by_name = {n["metadata"]["name"]: n for n in self.nodes.list()}
-        soonest = None
-        for pod in self.pods.list():
-            if (pod["metadata"].get("annotations") or {}).get(movability.PLACEMENT) != "fastest":
-                continue
+        for pod in fastest:
             if pod not in self._candidates(pod["spec"].get("nodeName")):
                 left = self.pod_cooldown - (time.monotonic() - self._pod_moved.get(_pod_key(pod), -1e18))
-                if 0 < left and movability.policy(pod) == "Auto":
+                if 0 < left and movability.policy(pod) == Policy.AUTO:
                     soonest = left if soonest is None else min(soonest, left)
                 continue
             current = by_name.get(pod["spec"]["nodeName"])
@@ -169,7 +189,8 @@ class AutoPolicy(Controller):
             best = fastest_fit(pod, quicker, self.pods.list(), None, {pod["spec"]["nodeName"]})
             if best is not None:
                 fast, here = interp_mops(by_name[best]), interp_mops(current)
-                await self._move(pod, "placement", best,
-                                 f"Node {best} ({fast:g} MOPS) is at least twice as fast as {current['metadata']['name']} ({here:g} MOPS)")
+                await self._move(pod, Trigger.PLACEMENT, best,
+                                 f"Node {best} ({fast:g} MOPS) is at least twice as fast as "
+                                 f"{current['metadata']['name']} ({here:g} MOPS)")
         if soonest is not None:
             self.queue.add_after(PLACEMENT_PASS, soonest + 0.05)

@@ -13,8 +13,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
-from ..client import Client, EventRecorder, Informer, Kind, WorkQueue
+from .. import objects, timing
+from ..client import PODS, ApiError, Client, EventRecorder, Informer, Kind, WorkQueue
 from ..client.workqueue import run_workers
+from . import podutil as pu
 
 log = logging.getLogger("kube32.controllers")
 
@@ -26,10 +28,11 @@ class ControllerOptions:
     pod_eviction_timeout_seconds: float = 300.0   # toleration of not-ready/unreachable taints
     node_monitor_period_seconds: float = 1.0
     resync_seconds: float = 30.0
-    move_rollback_seconds: float = 60.0           # a replacement not running by then rolls back
+    move_rollback_seconds: float = timing.MOVE_ROLLBACK_SECONDS   # a replacement not running by then rolls back
     checkpoint_retention_seconds: float = 3600.0  # finished non-periodic Checkpoints go after this
     pressure_move_cooldown_seconds: float = 60.0  # memory pressure moves at most one pod per node per this
     auto_move_cooldown_seconds: float = 600.0     # a pod moves on its own at most once per this
+    job_backoff_seconds: float = timing.JOB_BACKOFF_SECONDS   # a failed Job pod's first back-off
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -86,6 +89,35 @@ class Controller:
     async def resync(self) -> None:
         """Called every ``resync_seconds``: enqueue every key worth a look (optional)."""
 
+    async def set_finalizers(self, kind: Kind, obj: dict[str, Any], finalizers: list[str]) -> None:
+        """Write ``obj``'s finalizers, guarded by the resourceVersion read (409 raises: the
+        queue retries on a fresh copy); an object gone already is fine.  The last one
+        removed from an object being deleted removes it."""
+        md = obj["metadata"]
+        patch = {"metadata": {"resourceVersion": md.get("resourceVersion"), "finalizers": finalizers or None}}
+        try:
+            await self.client.patch(kind, md["name"], patch, md.get("namespace"))
+        except ApiError as e:
+            if e.code != 404:
+                raise
+
+    async def delete_pod(self, owner: dict[str, Any], key: str, pod: dict[str, Any],
+                         expectations: pu.Expectations) -> None:
+        """Delete one of ``owner``'s pods, as Kubernetes' PodControl.DeletePod: guarded by
+        its uid, an event on ``owner`` either way.  A pod gone already or replaced meanwhile
+        (404, 409) is no failure: the next sync counts again.  Any other error is raised;
+        a failed delete is observed at once (``key``'s expectation), as no watch event will."""
+        pmd = objects.meta(pod)
+        try:
+            await self.client.delete(PODS, pmd["name"], pmd.get("namespace"), uid=pmd.get("uid"))
+        except ApiError as e:
+            expectations.deletion_observed(key, pu.pod_key(pod))
+            if e.code in (404, 409):
+                return
+            await self.recorder.record(owner, "Warning", "FailedDelete", f"Error deleting: {e}")
+            raise
+        await self.recorder.record(owner, "Normal", "SuccessfulDelete", f"Deleted pod: {pmd['name']}")
+
     def _on_error(self, key: Hashable, err: BaseException) -> None:
         log.warning("%s: sync %s failed (retrying): %s", self.name, key, err)
 
@@ -101,7 +133,7 @@ class Controller:
 
 
 def key_of(obj: dict[str, Any]) -> str:
-    md = obj.get("metadata") or {}
+    md = objects.meta(obj)
     return f"{md['namespace']}/{md['name']}" if md.get("namespace") else md.get("name", "")
 
 

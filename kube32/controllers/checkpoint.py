@@ -2,31 +2,52 @@
 
 Level-triggered on the Checkpoint's ``status.phase`` and the pod it names:
 
-* ``Pending`` -> check the pod spec for blockers (when it has some, the node's too,
-  asked with ``dryRun=All``: nothing freezes) and pick the target (Move); wait for
-  the control plane's one snapshot slot (still ``Pending``, ``status.message`` saying so:
-  ``Saving`` means frozen), then
+* ``Pending`` -> while another Move of the pod is Saving or Moving, wait for it to end
+  (still ``Pending``, the message saying so), then take the pod as it is then (its new
+  node); check the pod spec for blockers (when it has some, the node's too,
+  asked with ``dryRun=All``: nothing freezes) and pick the target (Move); have room
+  in the checkpoint data space promised to the snapshot (``PUT .../data?fromNode=...&
+  reserve=true``: the node says its size, nothing freezes; still ``Pending`` while it
+  waits in line for room that moves in flight hold, ``status.message`` naming them and
+  its place; ``Failed`` after the rollback timeout and timing.ROOM_WAIT_EXTRA_SECONDS);
+  meanwhile a Move's target pulls the pod's image, and its answer is needed before the
+  pod freezes (``Failed``, never frozen, when it cannot pull or gives no answer within
+  the rollback timeout: kube32.controllers.imagecheck);
+  wait for the control plane's one snapshot slot, namespaces in turn (still
+  ``Pending``, ``status.message`` saying so: ``Saving`` means frozen), then
   ``Saving`` (with ``status.targetNode`` for a Move, so the target's kubelet asks for
-  the data before it is stored: kube32.kubelet.prefetch): ask the pod's kubelet for a snapshot (``leave=running`` for Save,
+  the data before it is stored: kube32.kubelet.prefetch): ask the pod's kubelet for a snapshot
+  (``leave=running`` for Save,
   ``leave=frozen`` for Move) through the node proxy and stream it straight into
-  the Checkpoint's data, while the target pulls the pod's image (Move:
-  kube32.controllers.imagecheck).  Save ends ``Saved``.  Move replaces the pod in one write
+  the Checkpoint's data.  Save ends ``Saved``.  Move replaces the pod in one write
   (``pods/<name>/replacement``: same name, spec, labels and owners, a new uid,
   ``spec.nodeName`` = the target, ``kube32.io/restore-from`` = the Checkpoint)
   and turns ``Moving``.
 * ``Moving`` -> once the replacement runs: ``Completed``, the annotation removed,
   a Moved event with the time from the freeze.  When it fails to restore, fails,
   or does not run within the rollback timeout (60 s): the pod goes back to its
-  source node (or, when that node is not Ready, to the scheduler) and restores
-  from the same Checkpoint; the Checkpoint turns ``Failed`` with the reason.  A
+  source node (or, when that node is not Ready or has no room for it any more, to the
+  scheduler; when it is cordoned and the move an eviction's, to another node that takes it,
+  else to the scheduler once the eviction was answered: :meth:`CheckpointController.rollback_node`)
+  and restores from the same Checkpoint; the Checkpoint turns ``Failed`` with the reason
+  and ``status.rollbackNode``.  A
   replacement that ran once is Completed whatever it does later.  When the Checkpoint's
   data is gone (``DataStored=False``: kube32.apiserver.checkpointstatus) there is nothing
   to roll back: the pod is replaced afresh on its source, and the message says so.
 * A failure before the replacement thaws the pod where it runs: among them a target
-  that cannot pull the image, or whose module is not the snapshot's.
+  that cannot pull the image, or whose module is not the snapshot's, and the Checkpoint
+  deleted before the replacement (its data is refused then: 409).
+* Deleted (``deletionTimestamp``; the finalizer ``kube32.io/checkpoint-protection`` keeps
+  it, kube32.apiserver.strategies.checkpoint): a ``Saving`` or ``Moving`` one is carried
+  through first; then, and for any other phase at once, the finalizer goes once no pod's
+  ``kube32.io/restore-from`` names it, so a replacement or a rollback restoring from it
+  never finds it gone (spec: "A Checkpoint stays while a pod's kube32.io/restore-from
+  names it").
 
-Invariants: the control plane takes one snapshot at a time (one lock around the
-snapshot's transfer; others wait); every pod write names the uid it expects, so a pod replaced or deleted
+Invariants: the control plane takes one snapshot at a time (one slot around the
+snapshot's transfer; others wait, namespaces in turn, without holding a worker); a pod
+still in a call gives the slot up after timing.FREEZE_TRY_SECONDS and tries again at its
+next turn, until the freeze timeout; every pod write names the uid it expects, so a pod replaced or deleted
 meanwhile is never overwritten; a ``Saving`` phase found with no snapshot in
 progress here (a control plane restart) fails and thaws at once, so no pod stays frozen -
 unless the move's replacement was written: then the move goes on as ``Moving`` and the
@@ -40,45 +61,44 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
+import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from .. import movability
+from .. import metrics, movability, objects, testing, timing
+from ..aio import FairShare
 from ..client import CHECKPOINTS, NODES, PODS, ApiError, MutationCache
+from ..terms import (FASTEST, Annotation, Cause, CheckpointAction, CheckpointPhase, Finalizer, Header, Label,
+                     PodPhase, StatusReason, Trigger)
+from ..urlpath import api_path, group_path
 from . import imagecheck
 from .base import Controller, key_of, split_key
-from .podutil import all_running, failure, parse_time, rfc3339
-from .scheduler import node_misfits, node_ready, pick_node, usage_by_node
+from .podutil import all_running, failure
+from .scheduler import node_misfits, node_ready, pick_node, room_on, usage_by_node
 
 log = logging.getLogger("kube32.checkpoint")
+ENDED = metrics.REGISTRY.counter(
+    "kube32_checkpoints_ended_total", "Checkpoints that ended, by action and outcome: Saved (a Save), "
+    "Completed (a move), Failed (refused or failed before a replacement), RolledBack (the pod restored "
+    "from the same Checkpoint), StartedAfresh (rolled back with no data left: the pod started afresh).",
+    ("action", "outcome"))
+THAW_TRIES = 10   # a second apart: a failed move's thaw while the node or the API server is away
+FREEZE_TO_RUNNING = metrics.REGISTRY.histogram(
+    "kube32_move_freeze_to_running_seconds", "Time from a moving pod's freeze to its replacement running.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0))
 Obj = dict[str, Any]
 
-FREEZE_TIMEOUT_MS = 10000
-NODE_BLOCKERS_TIMEOUT = 5.0  # s: a refused move waits this long at most for the node's blockers
-MOVING_WRITE_DELAY = 0.05  # s after the replacement: see _save_and_continue
-# Test-only fault (tests/e2e/test_rollbacks.py): with KUBE32_TEST_FAULTS=hold-moving-status in
-# the control plane's environment, a move labelled kube32.io/test-fault: hold-moving-status
-# writes its Moving status 30 s after the replacement instead of 50 ms (a window to restart
-# the control plane between the two).  Off unless both are given.
-TEST_FAULT_LABEL = "kube32.io/test-fault"
-HOLD_MOVING = "hold-moving-status"
-HOLD_MOVING_SECONDS = 30.0
-FINISHED = ("Saved", "Completed", "Failed")
+FINISHED = CheckpointPhase.FINISHED
 WAITING_FOR_TURN = "waiting for its turn: the control plane takes one snapshot at a time"
-TRIGGER = movability.TRIGGER
-
-
-def _test_fault(ck: Obj, name: str) -> bool:
-    return name in os.environ.get("KUBE32_TEST_FAULTS", "").split(",") \
-        and (ck["metadata"].get("labels") or {}).get(TEST_FAULT_LABEL) == name
+INTERRUPTED = "the snapshot was interrupted (the control plane restarted)"
 
 
 def interp_mops(node: Obj) -> float:
     try:
-        return float((node["metadata"].get("annotations") or {}).get(movability.INTERP_MOPS, 0))
+        return float(objects.annotations(node).get(Annotation.INTERP_MOPS, 0))
     except (TypeError, ValueError):
         return 0.0
 
@@ -109,8 +129,78 @@ class MoveError(Exception):
         self.blockers = blockers or []
 
 
+class StillInACall(MoveError):
+    """The node's 504: the pod's current call did not return within the try's timeout."""
+
+    def outlasted(self, ms: int) -> MoveError:
+        """The blocker once the freeze timeout (``ms``) has passed since the first try
+        (spec: "call k32_handle still running after <ms> ms")."""
+        blockers = [_RUNNING_AFTER.sub(f"still running after {ms} ms", b) for b in self.blockers]
+        return MoveError("; ".join(blockers) or self.message, blockers)
+
+
+_RUNNING_AFTER = re.compile(r"still running after \d+ ms")
+
+
+@dataclass
+class _Take:
+    """One Checkpoint's snapshot as it goes (`CheckpointController._snapshot`): the
+    target's image pull, begun and answered before the pod freezes, and its Saving
+    write, begun in its first turn."""
+
+    ck: Obj
+    pod: Obj
+    container: str
+    source: str
+    target: str | None
+    guard: bool
+    began: bool = False  # Saving was sent
+    saving: "asyncio.Future[Obj] | None" = None
+    pulled: "asyncio.Future[str] | None" = None
+
+    @property
+    def namespace(self) -> str:
+        return str(self.ck["metadata"]["namespace"])
+
+    @property
+    def leave(self) -> str:
+        return "running" if self.target is None else "frozen"
+
+    async def current(self) -> Obj:
+        """The Checkpoint as this snapshot last wrote it."""
+        if self.saving is not None:
+            self.ck, self.saving = await self.saving, None
+        return self.ck
+
+
 def _status(ck: Obj) -> Obj:
-    return ck.get("status") or {}
+    return objects.status(ck)
+
+
+def _deleted_unless_in_flight(ck: Obj) -> bool:
+    """``ck`` is being deleted, and no snapshot or replacement of it is under way: it goes
+    (:meth:`CheckpointController._release`) instead of starting or being looked after.  A
+    ``Saving`` or ``Moving`` one is carried through first: its pod's state is in it."""
+    return bool(ck["metadata"].get("deletionTimestamp")) and _status(ck).get("phase") not in CheckpointPhase.IN_FLIGHT
+
+
+def _answer_message(text: str) -> str:
+    """The message of an API server's refusal (a Status), or its text."""
+    try:
+        return str(json.loads(text).get("message", text))
+    except (json.JSONDecodeError, AttributeError):
+        return text
+
+
+def _room_cause(text: str) -> str | None:
+    """Why a snapshot waits for room in the checkpoint data space, when the refusal says
+    it does (the cause WaitingForRoom of a 429): None for any other refusal."""
+    try:
+        causes = (json.loads(text).get("details") or {}).get("causes") or []
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return next((str(c.get("message")) for c in causes if isinstance(c, dict)
+                 and c.get("reason") == Cause.WAITING_FOR_ROOM), None)
 
 
 def _now_ms() -> int:
@@ -118,15 +208,15 @@ def _now_ms() -> int:
 
 
 def _container_state(pod: Obj, container: str) -> Obj:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+    for cs in objects.status(pod).get("containerStatuses") or []:
         if cs.get("name") == container:
             return cs.get("state") or {}
     return {}
 
 
 def container_of(ck: Obj, pod: Obj) -> str:
-    wanted = (ck.get("spec") or {}).get("containerName")
-    names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+    wanted = objects.spec(ck).get("containerName")
+    names = [c.get("name") for c in objects.spec(pod).get("containers") or []]
     if wanted:
         if wanted not in names:
             raise MoveError(f'pod {pod["metadata"]["name"]} has no container "{wanted}"')
@@ -141,9 +231,9 @@ def replacement_of(pod: Obj, node: str | None, checkpoint: str | None) -> Obj:
     md = pod["metadata"]
     annotations = dict(md.get("annotations") or {})
     if checkpoint:
-        annotations[movability.RESTORE_FROM] = checkpoint
+        annotations[Annotation.RESTORE_FROM] = checkpoint
     else:
-        annotations.pop(movability.RESTORE_FROM, None)
+        annotations.pop(Annotation.RESTORE_FROM, None)
     spec = dict(pod["spec"])
     if node:
         spec["nodeName"] = node
@@ -160,8 +250,10 @@ class CheckpointController(Controller):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        self.snapshot_lock = asyncio.Lock()  # the control plane takes one snapshot at a time
-        self._windows: dict[str, tuple[int, int]] = {}  # checkpoint key -> when it held the lock
+        # The control plane takes one snapshot at a time, namespaces in turn (kube32.aio.FairShare).
+        self.turns = FairShare(1)
+        self._taking: dict[str, asyncio.Task[None]] = {}  # checkpoint key -> its snapshot (`_snapshot`)
+        self._windows: dict[str, tuple[int, int]] = {}  # checkpoint key -> when it held the slot
         self.exports: dict[str, list[str]] = {}  # image digest -> its exports (a drain asks once)
         self._running_since: dict[str, int] = {}  # replacement uid -> when first seen running (Unix ms)
         self.rollback_seconds = ctx.options.move_rollback_seconds
@@ -178,9 +270,10 @@ class CheckpointController(Controller):
         self.pods.add_handler(self._on_pod)
 
     def _on_pod(self, etype: str, pod: Obj, old: Obj | None) -> None:
-        """A pod that a Moving Checkpoint waits for changed: look at that Checkpoint."""
-        ann = (pod.get("metadata") or {}).get("annotations") or {}
-        ck_name = ann.get(movability.RESTORE_FROM)
+        """A pod that a Moving Checkpoint waits for changed: look at that Checkpoint.  So
+        also when a pod's restore-from stopped naming one (a Checkpoint being deleted may
+        go then)."""
+        ck_name = movability.restore_from(pod)
         if ck_name:
             uid = pod["metadata"].get("uid", "")
             if uid not in self._running_since and all_running(pod):
@@ -190,31 +283,39 @@ class CheckpointController(Controller):
                     self._running_since.clear()
                 self._running_since[uid] = _now_ms()
             self.queue.add(f"{pod['metadata']['namespace']}/{ck_name}")
+        was = movability.restore_from(old) if old is not None else None
+        if was and was != ck_name:
+            self.queue.add(f"{old['metadata']['namespace']}/{was}")  # type: ignore[index]
 
     async def resync(self) -> None:
         for ck in self.checkpoints.list():
             phase = _status(ck).get("phase")
-            if phase in ("Completed", "Failed", "Moving") or phase is None:
+            if phase in (CheckpointPhase.COMPLETED, CheckpointPhase.FAILED, CheckpointPhase.MOVING) or phase is None:
                 self.queue.add(key_of(ck))
 
     # --- sync ---------------------------------------------------------------------
     async def sync(self, key: Any) -> None:
+        if key in self._taking:
+            return  # its snapshot decides (`_begin_snapshot`); a sync looks again once it ended
         ns, name = split_key(key)
         # The informer's copy, or this controller's own later write: no GET on the way.
         current = self.latest.get(key)
-        phase = (_status(current).get("phase") or "Pending") if current is not None else None
+        phase = (_status(current).get("phase") or CheckpointPhase.PENDING) if current is not None else None
+        if current is not None and _deleted_unless_in_flight(current):
+            await self._release(current)
+            return
         if current is not None and phase in FINISHED:
             # A finished Checkpoint never changes phase again, and its retention deletes
             # by uid: the cached copy will do (a moved pod's later events wake it).
             await self._retain(current)
             return
-        if current is not None and phase == "Pending":
+        if current is not None and phase == CheckpointPhase.PENDING:
             # The copy may be stale (already Saving, if another control plane wrote it); _start's
             # first write names its resourceVersion: a stale copy ends in a 409, a thaw of the
             # pod when it froze it, and a retry - never a second replacement.
             await self._start(current, guard=True)
             return
-        if current is not None and phase == "Moving":
+        if current is not None and phase == CheckpointPhase.MOVING:
             await self._check_move(current, confirmed=False)
             return
         # Saving (a snapshot this control plane is not taking: it restarted), or not cached.
@@ -230,12 +331,14 @@ class CheckpointController(Controller):
         if ck is None or (uid is not None and ck["metadata"]["uid"] != uid):
             return
         self.latest.mutated(ck)
-        phase = _status(ck).get("phase") or "Pending"
-        if phase == "Pending":
+        phase = _status(ck).get("phase") or CheckpointPhase.PENDING
+        if _deleted_unless_in_flight(ck):
+            await self._release(ck)
+        elif phase == CheckpointPhase.PENDING:
             await self._start(ck)
-        elif phase == "Saving":
+        elif phase == CheckpointPhase.SAVING:
             await self._interrupted(ck)
-        elif phase == "Moving":
+        elif phase == CheckpointPhase.MOVING:
             await self._check_move(ck)
         else:
             await self._retain(ck)
@@ -254,9 +357,37 @@ class CheckpointController(Controller):
             await self.recorder.record(pod, type_, reason, message)
 
     # --- Pending -> Saving -> Saved | Moving ------------------------------------------
+    def _move_under_way(self, ck: Obj) -> Obj | None:
+        """Another Move Checkpoint of ``ck``'s pod that is Saving or Moving (its replacement
+        not yet decided), or None.  This controller's own writes count at once."""
+        spec, md = objects.spec(ck), ck["metadata"]
+        for other in self.checkpoints.list():
+            other = self.latest.get(key_of(other)) or other
+            o_spec = objects.spec(other)
+            if other["metadata"]["uid"] != md["uid"] and other["metadata"].get("namespace") == md["namespace"] \
+                    and o_spec.get("podName") == spec.get("podName") and o_spec.get("action") == CheckpointAction.MOVE \
+                    and _status(other).get("phase") in (CheckpointPhase.SAVING, CheckpointPhase.MOVING):
+                return other
+        return None
+
+    async def _wait_for_move(self, ck: Obj, guard: bool) -> bool:
+        """While another move of the pod is under way ``ck`` stays Pending, says so, and looks
+        again later: it takes the pod as that move leaves it (its new node), never the copy it
+        read before.  Returns whether it waits."""
+        other = self._move_under_way(ck)
+        if other is None:
+            return False
+        message = f"waiting for its turn: its pod is under another move (checkpoint {other['metadata']['name']})"
+        if _status(ck).get("message") != message:
+            await self._set_status(ck, guard, message=message)
+        self.queue.add_after(key_of(ck), timing.MOVE_POLL_SECONDS)
+        return True
+
     async def _start(self, ck: Obj, guard: bool = False) -> None:
-        spec = ck.get("spec") or {}
-        ns, action = ck["metadata"]["namespace"], spec.get("action", "Save")
+        spec = objects.spec(ck)
+        ns, action = ck["metadata"]["namespace"], spec.get("action", CheckpointAction.SAVE)
+        if await self._wait_for_move(ck, guard):
+            return
         pod = await self._pod_to_save(ns, spec.get("podName", ""))
         try:
             if pod is None:
@@ -266,64 +397,208 @@ class CheckpointController(Controller):
             if blockers:
                 blockers = list(dict.fromkeys(blockers + await self._node_blockers(pod, container)))
                 raise MoveError("the pod cannot move: " + "; ".join(blockers), blockers)
-            source = (pod.get("spec") or {}).get("nodeName")
-            if not source or (pod.get("status") or {}).get("phase") != "Running":
+            source = objects.spec(pod).get("nodeName")
+            if not source or objects.phase(pod) != PodPhase.RUNNING:
                 raise MoveError(f'pod {pod["metadata"]["name"]} is not running on a node')
             if pod["metadata"].get("deletionTimestamp"):
                 raise MoveError(f'pod {pod["metadata"]["name"]} is being deleted')
-            target = await self._target(ck, pod) if action == "Move" else None
+            target = await self._target(ck, pod) if action == CheckpointAction.MOVE else None
         except MoveError as e:
             await self._fail(ck, pod, e, action, guard=guard)
             return
-        # The lock covers the snapshot's transfer only: the replacement, the status and the
-        # restore of one move overlap the next one's snapshot (a drain moves pods in a row).
-        # Saving means frozen: a Checkpoint waiting for its turn stays Pending and says so;
-        # Saving is sent once the lock is held, and the snapshot does not wait for its
-        # answer: the write and the node's freeze overlap.  A Saving Checkpoint is only ever
-        # looked at by its own sync (running here) or, after a control plane restart, found
-        # interrupted.  A move's target is named from Saving on: its kubelet asks for the
-        # data at once (a GET that waits for it), so the bytes reach it while the pod is
-        # being replaced.
-        leave = "running" if target is None else "frozen"
-        if self.snapshot_lock.locked():
-            ck = await self._set_status(ck, guard, message=WAITING_FOR_TURN)
-            guard = True
-        saving: asyncio.Future[Obj] | None = None
-        pulled: asyncio.Future[str] | None = None
+        self._begin_snapshot(_Take(ck, pod, container, source, target, guard))
+
+    # --- the snapshot, in the control plane's one slot --------------------------------
+    def _begin_snapshot(self, take: "_Take") -> None:
+        """The snapshot runs beside the workers, so its wait for the slot holds none of them
+        (other Checkpoints' moves go on meanwhile); the Checkpoint's own syncs leave it to
+        that task (`_taking`), and one looks again once it ended."""
+        key = key_of(take.ck)
+        task = asyncio.create_task(self._snapshot(take), name=f"snapshot {key}")
+        self._taking[key] = task
+        task.add_done_callback(lambda t: self._snapshot_ended(key, t))
+
+    def _snapshot_ended(self, key: str, task: "asyncio.Task[None]") -> None:
+        if self._taking.get(key) is task:
+            del self._taking[key]
+        if task.cancelled():
+            return
+        err = task.exception()
+        if err is not None:
+            self._on_error(key, err)
+            self.queue.add_rate_limited(key)
+        else:
+            self.queue.add(key)  # what changed meanwhile (a replacement already running) is seen
+
+    async def run(self) -> None:
         try:
-            async with self.snapshot_lock:
-                saving = asyncio.ensure_future(self._set_status(
-                    ck, guard, phase="Saving", message="", nodeName=source, podUID=pod["metadata"]["uid"],
-                    **({"targetNode": target} if target else {})))
-                await asyncio.sleep(0)  # the write goes out first
-                # The target gets the image while the source takes the snapshot (imagecheck).
-                pulled = None if target is None else asyncio.ensure_future(imagecheck.pull_on(
-                    self.client, target, imagecheck.image_of(pod, container),
-                    pod["metadata"].get("annotations") or {}))
-                window = [_now_ms()]
-                try:
-                    taken: tuple[int, Obj] | MoveError = await self._stream_snapshot(ck, pod, container,
-                                                                                     source, leave)
-                except MoveError as e:
-                    taken = e
-                window.append(_now_ms())
-            ck = await saving
+            await super().run()
+        finally:
+            tasks = list(self._taking.values())
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _snapshot(self, take: "_Take") -> None:
+        """Take the snapshot in the control plane's one slot (namespaces in turn:
+        kube32.aio.FairShare), then store it and go on.
+
+        The slot covers the snapshot's transfer only: the replacement, the status and the
+        restore of one move overlap the next one's snapshot (a drain moves pods in a row).
+        Saving means frozen: a Checkpoint waiting for its turn stays Pending and says so;
+        Saving is sent once the slot is held, and the snapshot does not wait for its
+        answer: the write and the node's freeze overlap.  A Saving Checkpoint is only ever
+        looked at by this task or, after a control plane restart, found interrupted.  A
+        move's target is named from Saving on: its kubelet asks for the data at once (a GET
+        that waits for it), so the bytes reach it while the pod is being replaced.  Before
+        its turn, room for the snapshot in the checkpoint data space is promised to it
+        (`_wait_for_room`), so no pod freezes for a snapshot that would find none."""
+        self._begin_pull(take)
+        try:
+            await self._wait_for_room(take)
+            await self._target_can_pull(take)
+        except MoveError as e:
+            imagecheck.drop(take.pulled)
+            await self._fail(take.ck, take.pod, e, CheckpointAction.SAVE if take.target is None else
+                             CheckpointAction.MOVE, guard=take.guard)
+            return
+        except BaseException:
+            imagecheck.drop(take.pulled)
+            raise
+        if self.turns.busy():
+            take.ck = await self._set_status(take.ck, take.guard, message=WAITING_FOR_TURN)
+            take.guard = True
+        try:
+            outcome = await self._take_turns(take)
+            if outcome is None:
+                return
+            ck = await take.current()
         except asyncio.CancelledError:
-            if saving is not None:
-                saving.cancel()
-            imagecheck.drop(pulled)
+            if take.saving is not None:
+                take.saving.cancel()
+            imagecheck.drop(take.pulled)
             raise
         except Exception:
             # Saving was refused (the Checkpoint changed or went): the sync starts again from
             # the API's copy, and a pod frozen for this try thaws.
-            imagecheck.drop(pulled)
-            if leave == "frozen" and saving is not None:
-                await self._thaw(source, ns, pod["metadata"]["name"], container)
+            imagecheck.drop(take.pulled)
+            if take.leave == "frozen" and take.began:
+                await self._thaw(take.source, take.namespace, take.pod["metadata"]["name"], take.container)
             raise
+        taken, window = outcome
         # When this snapshot held the control plane's one snapshot slot (Unix ms): users and
         # tests see that snapshots never overlap.
-        self._windows[key_of(ck)] = (window[0], window[1])
-        await self._save_and_continue(ck, pod, container, source, target, taken, pulled)
+        self._windows[key_of(ck)] = window
+        await self._save_and_continue(ck, take.pod, take.container, take.source, take.target, taken, take.pulled)
+
+    async def _take_turns(self, take: "_Take") -> "tuple[tuple[int, Obj] | MoveError, tuple[int, int]] | None":
+        """The snapshot (or why it failed) and when it held the slot; None when the turn came
+        after another move of the pod took its (the pod read before is gone from its node:
+        the Checkpoint starts again once that move ends).  A pod still in a call when its
+        turn comes gives the slot to the next snapshot and tries again at its next turn,
+        until the freeze timeout has passed since its first try (timing.FREEZE_TRY_SECONDS)."""
+        deadline: float | None = None
+        while True:
+            async with self.turns.turn(take.namespace):
+                if deadline is None:
+                    if self._move_under_way(take.ck) is not None:
+                        return None
+                    self._begin_saving(take)
+                    await asyncio.sleep(0)  # the write goes out first
+                    deadline = time.monotonic() + timing.FREEZE_TIMEOUT_SECONDS
+                started = _now_ms()
+                try_ms = max(1, int(min(timing.FREEZE_TRY_SECONDS, deadline - time.monotonic()) * 1000))
+                try:
+                    taken: tuple[int, Obj] | MoveError = await self._stream_snapshot(
+                        take.ck, take.pod, take.container, take.source, take.leave, try_ms)
+                except MoveError as e:
+                    taken = e
+                window = (started, _now_ms())
+            if not isinstance(taken, StillInACall):
+                return taken, window
+            if time.monotonic() >= deadline:
+                return taken.outlasted(int(timing.FREEZE_TIMEOUT_SECONDS * 1000)), window
+            await self._in_a_call(take, taken)
+
+    def _begin_saving(self, take: "_Take") -> None:
+        """Saving, written beside the first try."""
+        pod = take.pod
+        take.began = True
+        take.saving = asyncio.ensure_future(self._set_status(
+            take.ck, take.guard, phase=CheckpointPhase.SAVING, message="", nodeName=take.source,
+            podUID=pod["metadata"]["uid"], **({"targetNode": take.target} if take.target else {})))
+
+    def _begin_pull(self, take: "_Take") -> None:
+        """A move's target gets the image (imagecheck) while room for the snapshot is asked
+        for, before the pod freezes.  Bounded by the rollback timeout: a target that cannot
+        say that soon whether it can pull the image would not run the replacement within it
+        either (a target that hangs once kept the pod frozen for the pull's 60 s)."""
+        if take.target is None:
+            return
+        pod = take.pod
+        take.pulled = asyncio.ensure_future(imagecheck.pull_on(
+            self.client, take.target, imagecheck.image_of(pod, take.container),
+            pod["metadata"].get("annotations") or {},
+            timeout=min(imagecheck.PULL_TIMEOUT_SECONDS, self.rollback_seconds)))
+
+    @staticmethod
+    async def _target_can_pull(take: "_Take") -> None:
+        """The target's answer to the pull, awaited before the pod freezes: MoveError when
+        it cannot pull the image (the pod never froze for it).  Whether the module is the
+        snapshot's is checked once the snapshot is taken (`_target_unfit`)."""
+        if take.pulled is None:
+            return
+        try:
+            await asyncio.shield(take.pulled)
+        except imagecheck.TargetImageError as e:
+            raise MoveError(str(e)) from None
+
+    async def _in_a_call(self, take: "_Take", busy: MoveError) -> None:
+        """The pod was in a call when its turn came: the Checkpoint says so, and waits for its next."""
+        ck = await take.current()
+        message = (f"its pod is in a call ({busy.message}): the next snapshot goes first, and this one tries "
+                   f"again at its turn, for up to {timing.FREEZE_TIMEOUT_SECONDS:g} s")
+        if _status(ck).get("message") != message:
+            take.ck = await self._set_status(ck, message=message)
+
+    async def _wait_for_room(self, take: "_Take") -> None:
+        """Room in the checkpoint data space promised to the snapshot before its pod freezes
+        (``PUT .../data?fromNode=...&reserve=true``: the API server asks the node, without a
+        freeze, how large the snapshot would be, and waits in line for room; moves in flight
+        hold it until they end).  Meanwhile the Checkpoint stays Pending and its message
+        says why and where it stands in line.  MoveError when the node refuses (the pod's
+        blockers), when the snapshot cannot fit even once the moves in flight ended, or when
+        no room came within the rollback timeout and timing.ROOM_WAIT_EXTRA_SECONDS (by then
+        the moves in flight that held it have ended)."""
+        name = take.pod["metadata"]["name"]
+        bound = self.rollback_seconds + timing.ROOM_WAIT_EXTRA_SECONDS
+        deadline = time.monotonic() + bound
+        path = CHECKPOINTS.path(take.namespace, take.ck["metadata"]["name"], "data")
+        params = {"fromNode": take.source, "pod": name, "container": take.container, "reserve": "true"}
+        wait = 0  # the first ask answers at once: a Checkpoint that must wait says so at once
+        while True:
+            params["waitSeconds"] = str(wait)
+            try:
+                async with self.client.request("PUT", path, params=params, timeout=aiohttp.ClientTimeout(
+                        total=wait + timing.SNAPSHOT_ANSWER_SECONDS + 10)) as r:
+                    status, text, from_node = r.status, await r.text(), bool(r.headers.get(Header.FROM_NODE))
+            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+                raise MoveError(f"no room for the snapshot could be asked for: {e or type(e).__name__}") from None
+            if status == 200:
+                return
+            if from_node:
+                raise MoveError(*self._kubelet_refusal(status, text))
+            message, cause = _answer_message(text), _room_cause(text)
+            if cause is None:
+                raise MoveError(message if status in (502, 503, 504) else f"the snapshot cannot be stored: {message}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MoveError(f"no room for the snapshot in the checkpoint data space within {bound:g} s: {cause}")
+            waiting = f"waiting for room in the checkpoint data space: {cause}"
+            if _status(take.ck).get("message") != waiting:
+                take.ck = await self._set_status(take.ck, take.guard, message=waiting)
+                take.guard = True
+            wait = max(1, min(timing.ROOM_ASK_SECONDS, int(left)))
 
     async def _pod_to_save(self, ns: str, name: str) -> Obj | None:
         """The informer's copy when it shows the pod running on a node, else a GET (a pod
@@ -331,8 +606,8 @@ class CheckpointController(Controller):
         way (the pod since gone or replaced) fails at its node (404) or at the
         replacement (uid), as a GET an instant earlier would."""
         cached = self.pods.get(f"{ns}/{name}")
-        if cached is not None and (cached.get("spec") or {}).get("nodeName") \
-                and (cached.get("status") or {}).get("phase") == "Running" \
+        if cached is not None and objects.spec(cached).get("nodeName") \
+                and objects.phase(cached) == PodPhase.RUNNING \
                 and not cached["metadata"].get("deletionTimestamp"):
             return cached
         return await self.client.try_get(PODS, name, ns)
@@ -345,7 +620,7 @@ class CheckpointController(Controller):
         if digest in self.exports:  # an image is its digest: its exports never change
             return self.exports[digest]
         try:
-            async with self.client.request("GET", f"/apis/kube32.io/v1/images/{digest}/info") as r:
+            async with self.client.request("GET", group_path("images", digest, "info")) as r:
                 if r.status == 200:
                     exports = list((await r.json()).get("exports") or [])
                     if len(self.exports) >= 256:
@@ -360,14 +635,14 @@ class CheckpointController(Controller):
         """The blockers the pod's node finds (open files, entry points), asked without a
         freeze (``dryRun=All``): a move the spec already refuses still names every reason.
         Empty when the pod runs on no node or its node does not answer in time."""
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node or (pod.get("status") or {}).get("phase") != "Running":
+        node = objects.spec(pod).get("nodeName")
+        if not node or objects.phase(pod) != PodPhase.RUNNING:
             return []
         md = pod["metadata"]
-        path = f"/api/v1/nodes/{node}/proxy/checkpoint/{md['namespace']}/{md['name']}/{container}"
+        path = api_path("api", "v1", "nodes", node, "proxy", "checkpoint", md["namespace"], md["name"], container)
         try:
             async with self.client.request("POST", path, params={"dryRun": "All"},
-                                           timeout=aiohttp.ClientTimeout(total=NODE_BLOCKERS_TIMEOUT)) as r:
+                                           timeout=aiohttp.ClientTimeout(total=timing.NODE_BLOCKERS_TIMEOUT)) as r:
                 text = await r.text()
                 return self._kubelet_refusal(r.status, text)[1] if r.status == 409 else []
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
@@ -375,7 +650,7 @@ class CheckpointController(Controller):
             return []
 
     async def _target(self, ck: Obj, pod: Obj) -> str:
-        target = (ck.get("spec") or {}).get("target") or {}
+        target = objects.spec(ck).get("target") or {}
         source = pod["spec"]["nodeName"]
         nodes = self.nodes.list()
         if target.get("nodeName"):
@@ -391,7 +666,7 @@ class CheckpointController(Controller):
                 raise MoveError(f"0/1 nodes are available: 1 {why[0]}." if len(why) == 1 else
                                 "0/1 nodes are available: " + ", ".join(f"1 {w}" for w in why) + ".")
             return name
-        if (pod["metadata"].get("annotations") or {}).get(movability.PLACEMENT) == "fastest":
+        if objects.annotations(pod).get(Annotation.PLACEMENT) == FASTEST:
             fastest = fastest_fit(pod, nodes, self.pods.list(), target.get("nodeSelector"), {source})
             if fastest is not None:
                 return fastest
@@ -411,42 +686,50 @@ class CheckpointController(Controller):
             imagecheck.drop(pulled)
             if move:
                 await self._thaw(source, ns, pod_name, container)
-            await self._fail(ck, pod, taken, "Move" if move else "Save")
+            await self._fail(ck, pod, taken, CheckpointAction.MOVE if move else CheckpointAction.SAVE)
             return
         frozen_at, stored = taken
         # The snapshot's facts, as the data's PUT answered them, go with the next status write.
-        facts = {k: v for k, v in _status(stored).items() if k in movability.SNAPSHOT_FACTS}
+        facts: dict[str, Any] = {k: v for k, v in _status(stored).items() if k in movability.SNAPSHOT_FACTS}
         if not move:
             st = _status(stored)
-            await self._set_status(ck, phase="Saved", takenAt=rfc3339(), finishedAt=rfc3339(), message="",
+            await self._set_status(ck, phase=CheckpointPhase.SAVED, takenAt=objects.rfc3339(),
+                                   finishedAt=objects.rfc3339(), message="",
                                    **facts, **self._window_fields(ck))
+            ENDED.inc(CheckpointAction.SAVE, CheckpointPhase.SAVED)
             await self._event(pod, "Normal", "Checkpointed",
                               f"Saved the pod's state on {source}: {st.get('sizeBytes')} bytes in checkpoint "
                               f"{ck['metadata']['name']}")
             return
         unfit = await self._target_unfit(pulled, target, imagecheck.image_of(pod, container), facts)
+        if unfit is None and self._being_deleted(ck):
+            unfit = "the checkpoint was deleted before the pod was replaced"
         if unfit:
             await self._thaw(source, ns, pod_name, container)
-            await self._fail(ck, pod, MoveError(unfit), "Move", facts=facts)
+            await self._fail(ck, pod, MoveError(unfit), CheckpointAction.MOVE, facts=facts)
             return
         try:
             new = await self._replace(pod, target, ck["metadata"]["name"])
         except ApiError as e:
             await self._thaw(source, ns, pod_name, container)
-            await self._fail(ck, pod, MoveError(f"the pod could not be replaced: {e.message}"), "Move",
+            await self._fail(ck, pod, MoveError(f"the pod could not be replaced: {e.message}"), CheckpointAction.MOVE,
                              facts=facts)
             return
-        # The Moving status and event wait a moment: a small pod's restore (tens of ms) then
-        # runs without the control plane serving these writes and their watch events in its
-        # middle.  The replacement does not depend on them; its own status is what a user,
-        # a Service and the Deployment wait for.
-        await asyncio.sleep(HOLD_MOVING_SECONDS if _test_fault(ck, HOLD_MOVING) else MOVING_WRITE_DELAY)
-        await self._set_status(ck, phase="Moving", takenAt=rfc3339(), targetNode=target, newPodName=pod_name,
+        # The Moving status and event wait a moment (timing.MOVING_WRITE_DELAY says why).
+        await asyncio.sleep(testing.moving_write_delay(ck))
+        await self._set_status(ck, phase=CheckpointPhase.MOVING, takenAt=objects.rfc3339(), targetNode=target,
+                               newPodName=pod_name,
                                newPodUID=new["metadata"]["uid"], frozenAtMs=frozen_at, movingSinceMs=_now_ms(),
                                **facts, **self._window_fields(ck))
         await self._event(new, "Normal", "Moving",
                           f"Replacement bound to {target}; restoring from checkpoint {ck['metadata']['name']}")
         self.queue.add_after(key_of(ck), self.rollback_seconds)
+
+    def _being_deleted(self, ck: Obj) -> bool:
+        """``ck`` (this uid) is being deleted, as the latest copy seen says."""
+        latest = self.latest.get(key_of(ck))
+        return latest is not None and latest["metadata"].get("uid") == ck["metadata"]["uid"] \
+            and bool(latest["metadata"].get("deletionTimestamp"))
 
     @staticmethod
     async def _target_unfit(pulled: "asyncio.Future[str] | None", target: str | None, image: str,
@@ -460,12 +743,12 @@ class CheckpointController(Controller):
             return str(e)
         return imagecheck.snapshot_mismatch(target, image, digest, facts.get("imageSha256"))
 
-    def _window_fields(self, ck: Obj) -> dict[str, int]:
+    def _window_fields(self, ck: Obj) -> dict[str, Any]:
         start, end = self._windows.pop(key_of(ck), (0, 0))
         return {"snapshotStartMs": start, "snapshotEndMs": end} if start else {}
 
     async def _stream_snapshot(self, ck: Obj, pod: Obj, container: str, node: str,
-                               leave: str) -> tuple[int, Obj]:
+                               leave: str, timeout_ms: int) -> tuple[int, Obj]:
         """Kubelet snapshot -> Checkpoint data; returns the freeze time (Unix ms) and the
         Checkpoint as the data's PUT answered it (with the snapshot's facts).
 
@@ -474,21 +757,19 @@ class CheckpointController(Controller):
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         data_path = CHECKPOINTS.path(ns, ck["metadata"]["name"], "data")
         params = {"fromNode": node, "pod": name, "container": container, "leave": leave,
-                  "timeoutMs": str(FREEZE_TIMEOUT_MS)}
+                  "timeoutMs": str(timeout_ms)}
         asked_at = _now_ms()
         try:
             async with self.client.request("PUT", data_path, params=params,
                                            timeout=aiohttp.ClientTimeout(total=None, sock_read=180)) as r:
                 text = await r.text()
                 if r.status == 200:
-                    return int(r.headers.get("X-Kube32-Frozen-At-Ms") or asked_at), json.loads(text)
-                if r.headers.get("X-Kube32-From-Node"):
-                    raise MoveError(*self._kubelet_refusal(r.status, text))
-                try:
-                    msg = json.loads(text).get("message", text)
-                except (json.JSONDecodeError, AttributeError):
-                    msg = text
-                if r.status in (502, 503) and msg.startswith("the snapshot transfer from"):
+                    return int(r.headers.get(Header.FROZEN_AT_MS) or asked_at), json.loads(text)
+                if r.headers.get(Header.FROM_NODE):
+                    refused = self._kubelet_refusal(r.status, text)
+                    raise StillInACall(*refused) if r.status == 504 else MoveError(*refused)
+                msg = _answer_message(text)
+                if r.status in (502, 503, 504) and msg.startswith("the snapshot transfer from"):
                     raise MoveError(msg)
                 raise MoveError(f"the snapshot could not be stored: {msg}")
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
@@ -502,26 +783,37 @@ class CheckpointController(Controller):
             body = {"message": text}
         blockers = list(body.get("blockers") or [])
         reason = body.get("reason", "")
-        if reason == "NotMovable":
+        if reason == StatusReason.NOT_MOVABLE:
             return "the pod cannot move: " + "; ".join(blockers), blockers
-        if reason == "Timeout":
+        if reason == StatusReason.TIMEOUT:
             return "; ".join(blockers) or "the freeze timed out", blockers
         return body.get("message") or f"the node answered {status}", blockers
 
     async def _thaw(self, node: str, ns: str, pod: str, container: str) -> None:
-        try:
-            async with self.client.request("POST", f"/api/v1/nodes/{node}/proxy/thaw/{ns}/{pod}/{container}") as r:
-                await r.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            log.warning("cannot thaw %s/%s on %s: %s", ns, pod, node, e)
+        """Thaw a pod a failed move left frozen on its node.  A thaw may go again (a thawed
+        pod is thawed): on the next API server when this one died under it (attack round
+        26b: the API server that carried the snapshot died, and the pod stayed frozen), and
+        again for THAW_TRIES seconds while the node cannot be reached."""
+        path = api_path("api", "v1", "nodes", node, "proxy", "thaw", ns, pod, container)
+        for attempt in range(THAW_TRIES):
+            try:
+                await self.client.send("POST", path, ok_below=500, idempotent=True,
+                                       timeout=aiohttp.ClientTimeout(total=10))
+                return
+            except ApiError as e:   # no API server reached, or the node's proxy failed (5xx)
+                if attempt == THAW_TRIES - 1:
+                    log.warning("cannot thaw %s/%s on %s: %s", ns, pod, node, e)
+                    return
+                await asyncio.sleep(1)
 
     async def _fail(self, ck: Obj, pod: Obj | None, e: MoveError, action: str,
                     before_replacement: bool = True, guard: bool = False, facts: Obj | None = None) -> None:
-        await self._set_status(ck, guard, phase="Failed", message=e.message, blockers=e.blockers,
-                               finishedAt=rfc3339(), **(facts or {}))
-        reason = "MoveFailed" if action == "Move" else "CheckpointFailed"
+        await self._set_status(ck, guard, phase=CheckpointPhase.FAILED, message=e.message, blockers=e.blockers,
+                               finishedAt=objects.rfc3339(), **(facts or {}))
+        ENDED.inc(action, CheckpointPhase.FAILED)
+        reason = "MoveFailed" if action == CheckpointAction.MOVE else "CheckpointFailed"
         await self._event(pod, "Warning", reason, e.message)
-        evicted = (ck["metadata"].get("labels") or {}).get(TRIGGER) == "eviction"
+        evicted = objects.labels(ck).get(Label.TRIGGER) == Trigger.EVICTION
         if evicted and before_replacement and pod is not None:
             await self._delete_as_eviction(pod)
 
@@ -537,11 +829,12 @@ class CheckpointController(Controller):
 
     async def _interrupted(self, ck: Obj) -> None:
         """A Saving Checkpoint nobody is saving: the control plane restarted mid-move or
-        mid-snapshot (Saving is written only by the sync that holds the snapshot slot, and a
-        key is synced by one worker at a time).  A move whose replacement was written goes
-        on: whether the replacement runs decides it.  Otherwise the pod, frozen for the
-        snapshot, thaws at once and the Checkpoint fails."""
-        spec, st = ck.get("spec") or {}, _status(ck)
+        mid-snapshot, or the leading one died (Saving is written only by the Checkpoint's
+        snapshot task, in its turn, and no sync of the key runs while that task does).  A move whose
+        replacement was written goes on: whether the replacement runs decides it.
+        Otherwise the pod, frozen for the snapshot, thaws at once and the Checkpoint fails,
+        except an eviction's move, which starts again."""
+        spec, st = objects.spec(ck), _status(ck)
         ns = ck["metadata"]["namespace"]
         pod = await self.client.try_get(PODS, spec.get("podName", ""), ns)
         if pod is not None and movability.replacement_of_move(ck, pod):
@@ -553,16 +846,25 @@ class CheckpointController(Controller):
             except MoveError:
                 pass
         replaced = pod is not None and pod["metadata"]["uid"] != st.get("podUID")
-        await self._fail(ck, pod, MoveError("the snapshot was interrupted (the control plane restarted)"),
-                         spec.get("action", "Save"), before_replacement=not replaced)
+        evicted = objects.labels(ck).get(Label.TRIGGER) == Trigger.EVICTION
+        if evicted and pod is not None and not replaced:
+            # An eviction's move (a drain waits for the pod to go): failing it would delete
+            # the pod, which nothing may recreate, though it thawed where it was: the move
+            # is tried again (the leader that ran it died: docs/high-availability.md).
+            ck = await self._set_status(ck, phase=CheckpointPhase.PENDING, message=INTERRUPTED + ": trying again")
+            await self._start(ck, guard=True)
+            return
+        await self._fail(ck, pod, MoveError(INTERRUPTED), spec.get("action", CheckpointAction.SAVE),
+                         before_replacement=not replaced)
 
     async def _moving_after_restart(self, ck: Obj, pod: Obj) -> None:
         """The replacement was written before the restart (the Moving status was not): the
         move is Moving from the replacement's creation on.  The time of the freeze is not
         known, so the Moved figure is not given."""
-        created = parse_time(pod["metadata"].get("creationTimestamp"))
+        created = objects.parse_time(pod["metadata"].get("creationTimestamp"))
         since = int(created.timestamp() * 1000) if created else _now_ms()
-        ck = await self._set_status(ck, phase="Moving", takenAt=pod["metadata"].get("creationTimestamp") or rfc3339(),
+        ck = await self._set_status(ck, phase=CheckpointPhase.MOVING,
+                                    takenAt=pod["metadata"].get("creationTimestamp") or objects.rfc3339(),
                                     newPodName=pod["metadata"]["name"], newPodUID=pod["metadata"]["uid"],
                                     movingSinceMs=since)
         await self._check_move(ck)
@@ -586,14 +888,15 @@ class CheckpointController(Controller):
                 return
             pod = await self.client.try_get(PODS, name, ns)
         if pod is None or pod["metadata"]["uid"] != st.get("newPodUID"):
-            await self._fail(ck, pod, MoveError("the pod was deleted or replaced during the move"), "Move",
+            await self._fail(ck, pod, MoveError("the pod was deleted or replaced during the move"),
+                             CheckpointAction.MOVE,
                              before_replacement=False)
             return
         container = container_of(ck, pod)
         state = _container_state(pod, container)
         # Seen running (by this sync or, a moment earlier, by the informer's handler):
         # the move is done, whatever the container did since.
-        if (pod.get("status") or {}).get("phase") == "Running" and "running" in state \
+        if objects.phase(pod) == PodPhase.RUNNING and "running" in state \
                 or pod["metadata"].get("uid") in self._running_since:
             await self._complete(ck, pod)
             return
@@ -624,13 +927,17 @@ class CheckpointController(Controller):
         await self._drop_annotation(pod)
         try:
             # Guarded: ck may be a cached copy, and a move completes once (one Moved event).
-            await self._set_status(ck, guard=True, phase="Completed", message=message, finishedAt=rfc3339(),
+            await self._set_status(ck, guard=True, phase=CheckpointPhase.COMPLETED, message=message,
+                                   finishedAt=objects.rfc3339(),
                                    **({"moveMillis": ms} if ms is not None else {}))
         except ApiError as e:
             if e.code != 409:
                 raise
             await self._refetch(ck)
             return
+        ENDED.inc(CheckpointAction.MOVE, CheckpointPhase.COMPLETED)
+        if ms is not None:
+            FREEZE_TO_RUNNING.observe(ms / 1000)
         await self._event(pod, "Normal", "Moved", f"Moved {moved}: {took}")
 
     async def _replace(self, pod: Obj, node: str | None, checkpoint: str | None) -> Obj:
@@ -640,21 +947,53 @@ class CheckpointController(Controller):
                                                   params={"uid": md["uid"]})
 
     async def _drop_annotation(self, pod: Obj) -> None:
-        if movability.RESTORE_FROM not in (pod["metadata"].get("annotations") or {}):
+        if Annotation.RESTORE_FROM not in objects.annotations(pod):
             return
         patch = [{"op": "test", "path": "/metadata/uid", "value": pod["metadata"]["uid"]},
-                 {"op": "remove", "path": "/metadata/annotations/kube32.io~1restore-from"}]
+                 {"op": "remove", "path": objects.pointer("metadata", "annotations", Annotation.RESTORE_FROM)}]
         try:
             await self.client.patch(PODS, pod["metadata"]["name"], patch, pod["metadata"]["namespace"], type="json")
         except ApiError as e:
             if e.code not in (404, 422):
                 raise
 
+    def rollback_node(self, ck: Obj, pod: Obj) -> tuple[str | None, str]:
+        """Where the pod of ``ck``, a move that failed after its replacement, goes back to, and
+        why not its source ("" when it is its source).
+
+        Its source while that node is Ready and has room for it beside the pods bound there
+        now, cordoned or not (cordoning keeps new pods off a node, not the pods it runs) -
+        unless the move is an eviction's (a drain asked the pod to leave): then a cordoned
+        source only when no other node takes the pod (the move's target, which just failed
+        it, excepted) and no eviction was answered that the pod left
+        (``kube32.io/eviction-answered``), so a drained node never gets back a pod its drain
+        was told had gone.  Otherwise another node that takes it (picked as the scheduler
+        picks) or None: the scheduler binds it, to a node with room."""
+        st = _status(ck)
+        source, target = st.get("nodeName"), st.get("targetNode")
+        node = self.nodes.get(source) if source else None
+        if node is None or not node_ready(node):
+            return None, f"{source} is not Ready"
+        short = room_on(pod, node, self.pods.list())
+        if short:
+            return None, f"{source} has no room for it: {', '.join(short)}"
+        if objects.spec(node).get("unschedulable") and objects.labels(ck).get(Label.TRIGGER) == Trigger.EVICTION:
+            other, _ = pick_node(pod, self.nodes.list(), self.pods.list(), None,
+                                 {n for n in (source, target) if n})
+            if other is not None:
+                return other, f"{source} is cordoned"
+            if Annotation.EVICTION_ANSWERED in objects.annotations(ck):
+                return None, f"{source} is cordoned and its eviction was answered"
+        return source, ""
+
     async def _rollback(self, ck: Obj, pod: Obj, why: str) -> None:
         st = _status(ck)
         source = st.get("nodeName")
-        node = next((n for n in self.nodes.list() if n["metadata"]["name"] == source), None)
-        back_to = source if node is not None and node_ready(node) else None
+        # A source that took other pods meanwhile would refuse the pod (OutOfmemory) and its
+        # state would be given up: the scheduler binds it then, and it restores there.  A
+        # drained source is left alone when another node takes the pod.
+        back_to, not_source = self.rollback_node(ck, pod)
+        at = "" if back_to == source else f" ({not_source})"
         # Without its data the Checkpoint restores nothing: the pod starts afresh, and the
         # Checkpoint says so instead of "rolled back".
         lost = movability.data_gone(ck)
@@ -666,15 +1005,35 @@ class CheckpointController(Controller):
                 return
             raise
         if lost:
-            on = f"on {source}" if back_to else f"where the scheduler binds it ({source} is not Ready)"
+            on = f"on {back_to}{at}" if back_to else f"where the scheduler binds it{at}"
             message = f"not rolled back, the pod starts afresh {on}: {why}; " \
                       f"{lost.get('message') or 'the checkpoint has no data'}"
         else:
-            where = f"to {source}" if back_to else f"to the scheduler ({source} is not Ready)"
+            where = f"to {back_to}{at}" if back_to else f"to the scheduler{at}"
             message = f"rolled back {where}: {why}"
-        await self._set_status(ck, phase="Failed", message=message, finishedAt=rfc3339(),
-                               rollbackPodUID=new["metadata"]["uid"])
+        ended: Obj = {"phase": CheckpointPhase.FAILED, "message": message, "finishedAt": objects.rfc3339(),
+                      "rollbackPodUID": new["metadata"]["uid"]}
+        if back_to:
+            ended["rollbackNode"] = back_to   # where it went back to (absent: the scheduler's choice)
+        await self._set_status(ck, **ended)
+        ENDED.inc(CheckpointAction.MOVE, "StartedAfresh" if lost else "RolledBack")
         await self._event(new, "Warning", "MoveFailed", f"Move to {st.get('targetNode')} failed, {message}")
+
+    # --- deletion ------------------------------------------------------------------------
+    def _named_by_pod(self, ck: Obj) -> bool:
+        """A pod's ``kube32.io/restore-from`` names ``ck`` (the informer's pods)."""
+        name, ns = ck["metadata"]["name"], ck["metadata"].get("namespace")
+        return any(movability.restore_from(p) == name and p["metadata"].get("namespace") == ns
+                   for p in self.pods.list())
+
+    async def _release(self, ck: Obj) -> None:
+        """A Checkpoint being deleted goes (its finalizer removed, and its data with it) once
+        no pod's restore-from names it: the pod rolled back or restored from it runs, or is
+        gone.  A pod's change wakes this again (:meth:`_on_pod`)."""
+        finalizers = list(ck["metadata"].get("finalizers") or [])
+        if Finalizer.CHECKPOINT_PROTECTION not in finalizers or self._named_by_pod(ck):
+            return
+        await self.set_finalizers(CHECKPOINTS, ck, [f for f in finalizers if f != Finalizer.CHECKPOINT_PROTECTION])
 
     # --- retention ----------------------------------------------------------------------
     async def _retain(self, ck: Obj) -> None:
@@ -682,23 +1041,21 @@ class CheckpointController(Controller):
         unless a pod's restore-from still names them."""
         st = _status(ck)
         labels = ck["metadata"].get("labels") or {}
-        if labels.get(TRIGGER) == "periodic" or st.get("phase") not in ("Saved", "Completed", "Failed"):
+        if labels.get(Label.TRIGGER) == Trigger.PERIODIC or st.get("phase") not in CheckpointPhase.FINISHED:
             return
-        finished = parse_time(st.get("finishedAt") or ck["metadata"].get("creationTimestamp"))
+        finished = objects.parse_time(st.get("finishedAt") or ck["metadata"].get("creationTimestamp"))
         if finished is None:
             return
         age = time.time() - finished.timestamp()
         if age < self.retention_seconds:
             self.queue.add_after(key_of(ck), self.retention_seconds - age + 0.5)
             return
-        name = ck["metadata"]["name"]
-        ns = ck["metadata"]["namespace"]
-        if any(((p.get("metadata") or {}).get("annotations") or {}).get(movability.RESTORE_FROM) == name
-               and p["metadata"].get("namespace") == ns for p in self.pods.list()):
+        if self._named_by_pod(ck):
             self.queue.add_after(key_of(ck), 30)
             return
         try:
-            await self.client.delete(CHECKPOINTS, name, ns, uid=ck["metadata"]["uid"])
+            await self.client.delete(CHECKPOINTS, ck["metadata"]["name"], ck["metadata"]["namespace"],
+                                     uid=ck["metadata"]["uid"])
         except ApiError as e:
             if e.code not in (404, 409):
                 raise

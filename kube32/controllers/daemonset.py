@@ -18,7 +18,11 @@ names) and, for every Node:
 * a template change rolls: pods are labelled ``controller-revision-hash`` with
   the template's hash; outdated pods that are not available go first, then
   available ones while at most ``maxUnavailable`` (default 1) nodes are
-  without an available pod (OnDelete: only status is updated).
+  without an available pod (OnDelete: only status is updated);
+* every template is recorded as a ControllerRevision (kube32.controllers.history:
+  the current one on top, at most ``revisionHistoryLimit`` old ones), before any pod
+  of it is made: ``kubectl rollout history`` lists them and ``kubectl rollout undo``
+  patches the DaemonSet back to one.
 
 Pods are counted by ``namespace/name`` (see podutil): a pod replaced in one write
 is still the same pod.  Status: desiredNumberScheduled, currentNumberScheduled,
@@ -32,8 +36,12 @@ import copy
 import logging
 from typing import Any
 
-from ..client import DAEMONSETS, NODES, PODS, ApiError
+from .. import objects
+from ..client import CONTROLLERREVISIONS, DAEMONSETS, NODES, PODS, ApiError
 from ..intstr import scaled_value
+from ..matching import EXISTS, IN, NODE_NAME_FIELD, node_affinity_matches, required_affinity, tolerated
+from ..terms import Effect, Label, PodPhase, Taint
+from . import history
 from . import podutil as pu
 from .base import Controller
 
@@ -41,98 +49,40 @@ log = logging.getLogger("kube32.controllers.daemonset")
 Obj = dict[str, Any]
 
 API = "apps/v1"
-REVISION_LABEL = "controller-revision-hash"
-GENERATION_LABEL = "pod-template-generation"
+REVISION_LABEL = Label.CONTROLLER_REVISION_HASH
+GENERATION_LABEL = Label.POD_TEMPLATE_GENERATION
 
 # What the DaemonSet controller adds to every daemon pod (AddOrUpdateDaemonPodTolerations).
-DEFAULT_TOLERATIONS = (
-    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
-    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
-    {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists", "effect": "NoSchedule"},
-    {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
-    {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
-    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
-)
+DEFAULT_TOLERATIONS = tuple({"key": key, "operator": EXISTS, "effect": effect} for key, effect in (
+    (Taint.NOT_READY, Effect.NO_EXECUTE), (Taint.UNREACHABLE, Effect.NO_EXECUTE),
+    (Taint.DISK_PRESSURE, Effect.NO_SCHEDULE), (Taint.MEMORY_PRESSURE, Effect.NO_SCHEDULE),
+    (Taint.PID_PRESSURE, Effect.NO_SCHEDULE), (Taint.UNSCHEDULABLE, Effect.NO_SCHEDULE)))
 
 
 # --- node eligibility -------------------------------------------------------------------
-def tolerates(toleration: Obj, taint: Obj) -> bool:
-    """corev1 Toleration.ToleratesTaint."""
-    if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
-        return False
-    if toleration.get("key") and toleration.get("key") != taint.get("key"):
-        return False
-    op = toleration.get("operator") or "Equal"
-    if op == "Exists":
-        return True
-    if not toleration.get("key") and op == "Equal":
-        return False  # an empty key only tolerates everything with Exists
-    return (toleration.get("value") or "") == (taint.get("value") or "")
-
-
 def with_default_tolerations(tolerations: list[Obj] | None) -> list[Obj]:
     out = [dict(t) for t in tolerations or []]
     for t in DEFAULT_TOLERATIONS:
         if not any(x.get("key") == t["key"] and x.get("effect") == t["effect"] and
-                   (x.get("operator") or "Equal") == "Exists" for x in out):
+                   x.get("operator") == EXISTS for x in out):
             out.append(dict(t))
     return out
 
 
-def _requirement_matches(req: Obj, values: dict[str, str]) -> bool:
-    key, op, vals = req.get("key", ""), req.get("operator", ""), req.get("values") or []
-    present, value = key in values, values.get(key)
-    if op == "In":
-        return present and value in vals
-    if op == "NotIn":
-        return not present or value not in vals
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
-    if op in ("Gt", "Lt") and present and len(vals) == 1:
-        try:
-            a, b = int(value or ""), int(vals[0])
-        except ValueError:
-            return False
-        return a > b if op == "Gt" else a < b
-    return False
-
-
-def node_affinity_matches(affinity: Obj | None, node: Obj) -> bool:
-    """Required node affinity: any term matches (all its expressions and fields); none = any node."""
-    req = (((affinity or {}).get("nodeAffinity") or {})
-           .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = req.get("nodeSelectorTerms")
-    if not terms:
-        return True
-    labels = pu.md(node).get("labels") or {}
-    fields = {"metadata.name": pu.md(node).get("name", "")}
-    for term in terms:
-        exprs, mfields = term.get("matchExpressions") or [], term.get("matchFields") or []
-        if not exprs and not mfields:
-            continue  # an empty term matches nothing
-        if all(_requirement_matches(e, labels) for e in exprs) and \
-                all(_requirement_matches(f, fields) for f in mfields):
-            return True
-    return False
-
-
 def node_eligibility(template_spec: Obj, node: Obj) -> tuple[bool, bool]:
-    """(should run a daemon pod, may keep a running one), as k8s NodeShouldRunDaemonPod."""
-    labels = pu.md(node).get("labels") or {}
-    if any(labels.get(k) != v for k, v in (template_spec.get("nodeSelector") or {}).items()):
-        return False, False
-    if not node_affinity_matches(template_spec.get("affinity"), node):
+    """(should run a daemon pod, may keep a running one), as k8s NodeShouldRunDaemonPod:
+    the pod's required node affinity (kube32.matching), then its tolerations (with the
+    defaults) of the node's NoSchedule and NoExecute taints."""
+    if not node_affinity_matches(template_spec, node):
         return False, False
     tolerations = with_default_tolerations(template_spec.get("tolerations"))
     should_run, keep = True, True
-    for taint in (node.get("spec") or {}).get("taints") or []:
-        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+    for taint in objects.spec(node).get("taints") or []:
+        if taint.get("effect") not in Effect.SCHEDULING:
             continue
-        if not any(tolerates(t, taint) for t in tolerations):
+        if not tolerated(tolerations, taint):
             should_run = False
-            if taint.get("effect") == "NoExecute":
+            if taint.get("effect") == Effect.NO_EXECUTE:
                 keep = False
     return should_run, keep
 
@@ -142,7 +92,7 @@ def pin_to_node(spec: Obj, node_name: str) -> Obj:
     spec = copy.deepcopy(spec)
     affinity = spec.setdefault("affinity", {})
     na = affinity.setdefault("nodeAffinity", {})
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+    term = {"matchFields": [{"key": NODE_NAME_FIELD, "operator": IN, "values": [node_name]}]}
     na["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": [term]}
     spec["tolerations"] = with_default_tolerations(spec.get("tolerations"))
     return spec
@@ -150,14 +100,13 @@ def pin_to_node(spec: Obj, node_name: str) -> Obj:
 
 def target_node(pod: Obj) -> str | None:
     """Where a daemon pod runs or will run (k8s GetTargetNodeName)."""
-    name = (pod.get("spec") or {}).get("nodeName")
+    name = objects.spec(pod).get("nodeName")
     if name:
         return name
-    req = ((((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {})
-           .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    req = required_affinity(objects.spec(pod)) or {}
     for term in req.get("nodeSelectorTerms") or []:
         for f in term.get("matchFields") or []:
-            if f.get("key") == "metadata.name" and f.get("operator") == "In" and len(f.get("values") or []) == 1:
+            if f.get("key") == NODE_NAME_FIELD and f.get("operator") == IN and len(f.get("values") or []) == 1:
                 return f["values"][0]
     return None
 
@@ -170,8 +119,10 @@ class DaemonSetController(Controller):
         self.ds_informer = self.ctx.informers.get(DAEMONSETS)
         self.node_informer = self.ctx.informers.get(NODES)
         self.pod_informer = self.ctx.informers.get(PODS)
+        self.rev_informer = self.ctx.informers.get(CONTROLLERREVISIONS)
         self.expectations = pu.Expectations()
         self.ds_informer.add_handler(self._on_ds)
+        self.rev_informer.add_handler(self._on_revision)
         self.node_informer.add_handler(self._on_node)
         self.pod_informer.add_handler(self._on_pod)
 
@@ -180,23 +131,21 @@ class DaemonSetController(Controller):
             self.expectations.forget(pu.pod_key(ds))
         self.queue.add(pu.pod_key(ds))
 
+    def _on_revision(self, etype: str, rev: Obj, old: Obj | None) -> None:
+        owner = pu.owner_key_of(rev, "DaemonSet")
+        if owner:
+            self.queue.add(owner)
+
     def _on_node(self, etype: str, node: Obj, old: Obj | None) -> None:
         if old is not None and etype == "MODIFIED" and \
-                (pu.md(node).get("labels"), (node.get("spec") or {}).get("taints")) == \
-                (pu.md(old).get("labels"), (old.get("spec") or {}).get("taints")):
+                (objects.meta(node).get("labels"), objects.spec(node).get("taints")) == \
+                (objects.meta(old).get("labels"), objects.spec(old).get("taints")):
             return  # heartbeats and status: eligibility did not change
         for ds in self.ds_informer.list():
             self.queue.add(pu.pod_key(ds))
 
     def _on_pod(self, etype: str, pod: Obj, old: Obj | None) -> None:
-        what = pu.pod_event_kind(etype, pod, old)
-        owner = pu.owner_key_of(pod, "DaemonSet")
-        if what == "added" and owner:
-            self.expectations.creation_observed(owner)
-        elif what == "deleted" and owner:
-            self.expectations.deletion_observed(owner, pu.pod_key(pod))
-        old_owner = pu.owner_key_of(old, "DaemonSet") if old else None
-        for k in {owner, old_owner} - {None}:
+        for k in pu.observe_pod(self.expectations, etype, pod, old, "DaemonSet"):
             self.queue.add(k)
 
     async def resync(self) -> None:
@@ -209,15 +158,15 @@ class DaemonSetController(Controller):
         if ds is None:
             self.expectations.forget(key)
             return
-        ns = pu.md(ds).get("namespace", "default")
-        spec = ds.get("spec") or {}
+        ns = objects.meta(ds).get("namespace", "default")
+        spec = objects.spec(ds)
         template = spec.get("template") or {}
-        tspec = template.get("spec") or {}
+        tspec = objects.spec(template)
         h = pu.template_hash(template)
-        nodes = {pu.md(n)["name"]: n for n in self.node_informer.list()}
+        nodes = {objects.meta(n)["name"]: n for n in self.node_informer.list()}
         by_node: dict[str, list[Obj]] = {}
         for pod in self.pod_informer.list():
-            if pu.md(pod).get("namespace") == ns and pu.is_controlled_by(pod, ds):
+            if objects.meta(pod).get("namespace") == ns and pu.is_controlled_by(pod, ds):
                 by_node.setdefault(target_node(pod) or "", []).append(pod)
 
         create_on: list[str] = []
@@ -232,27 +181,53 @@ class DaemonSetController(Controller):
             elif keep:
                 running = []
                 for p in live:
-                    if (p.get("status") or {}).get("phase") == "Failed" and not pu.awaits_replacement(p):
+                    if objects.phase(p) == PodPhase.FAILED and not pu.awaits_replacement(p):
                         delete.append(p)  # recreated once it is gone
                     else:
                         running.append(p)
-                running.sort(key=lambda p: (pu.md(p).get("creationTimestamp") or "", pu.md(p).get("name", "")))
+                running.sort(key=lambda p: (objects.meta(p).get("creationTimestamp") or "", objects.name(p)))
                 delete += running[1:]
             else:
                 delete += live
 
-        if self.expectations.satisfied(key) and not pu.md(ds).get("deletionTimestamp"):
+        if not objects.meta(ds).get("deletionTimestamp"):
+            await self._record_history(ds, template, h, by_node)
+        if self.expectations.satisfied(key) and not objects.meta(ds).get("deletionTimestamp"):
             if (spec.get("updateStrategy") or {}).get("type", "RollingUpdate") == "RollingUpdate":
                 delete += self._rolling_victims(ds, nodes, by_node, h, {pu.pod_key(p) for p in delete})
             await self._manage(ds, key, create_on, delete, h)
         await self._update_status(ds, nodes, by_node, h)
 
+    async def _record_history(self, ds: Obj, template: Obj, h: str, by_node: dict[str, list[Obj]]) -> None:
+        """The DaemonSet's ControllerRevisions brought in line with its template (history.plan)."""
+        ns = objects.meta(ds).get("namespace")
+        revisions = [r for r in self.rev_informer.list()
+                     if objects.meta(r).get("namespace") == ns and pu.is_controlled_by(r, ds)]
+        live = {objects.labels(p).get(REVISION_LABEL, "") for pods in by_node.values() for p in pods
+                if not pu.is_terminating(p)}
+        todo = history.plan(ds, revisions, template, h, live)
+        try:
+            if todo.create is not None:
+                await self.client.create(CONTROLLERREVISIONS,
+                                         history.new_revision(ds, API, "DaemonSet", template, h, todo.create), ns)
+            if todo.renumber is not None:
+                rev, number = todo.renumber
+                await self.client.patch(CONTROLLERREVISIONS, objects.name(rev),
+                                        {"metadata": {"resourceVersion": objects.meta(rev).get("resourceVersion")},
+                                         "revision": number}, ns)
+            for rev in todo.delete:
+                await self.client.delete(CONTROLLERREVISIONS, objects.name(rev), ns, uid=objects.uid(rev))
+        except ApiError as e:
+            if e.code not in (404, 409):   # a cache behind our own writes: the next sync sees them
+                raise
+
     def _rolling_victims(self, ds: Obj, nodes: dict[str, Obj], by_node: dict[str, list[Obj]], h: str,
                          already: set[str]) -> list[Obj]:
         """Outdated pods to delete now: unavailable ones freely, then within maxUnavailable."""
-        spec = ds.get("spec") or {}
+        spec = objects.spec(ds)
         mrs = int(spec.get("minReadySeconds") or 0)
-        eligible = [n for n, node in nodes.items() if node_eligibility((spec.get("template") or {}).get("spec") or {}, node)[0]]
+        template_spec = objects.spec(spec.get("template"))
+        eligible = [n for n, node in nodes.items() if node_eligibility(template_spec, node)[0]]
         ru = (spec.get("updateStrategy") or {}).get("rollingUpdate") or {}
         budget = max(scaled_value(ru.get("maxUnavailable", 1), len(eligible), round_up=True), 1) \
             if eligible else 0
@@ -264,55 +239,49 @@ class DaemonSetController(Controller):
             if not live or not any(pu.is_available(p, mrs) for p in live):
                 unavailable += 1
             for p in live:
-                if (pu.md(p).get("labels") or {}).get(REVISION_LABEL) == h or pu.pod_key(p) in already:
+                if objects.labels(p).get(REVISION_LABEL) == h or pu.pod_key(p) in already:
                     continue
                 if pu.is_available(p, mrs):
                     outdated_available.append(p)
                 else:
                     victims.append(p)
-        outdated_available.sort(key=lambda p: pu.md(p).get("name", ""))
+        outdated_available.sort(key=lambda p: objects.meta(p).get("name", ""))
         room = budget - unavailable
         return victims + outdated_available[:max(room, 0)]
 
     async def _manage(self, ds: Obj, key: str, create_on: list[str], delete: list[Obj], h: str) -> None:
         self.expectations.expect_creations(key, len(create_on))
         self.expectations.expect_deletions(key, [pu.pod_key(p) for p in delete])
-        template = (ds.get("spec") or {}).get("template") or {}
+        template = objects.spec(ds).get("template") or {}
         errors: list[BaseException] = []
 
         async def create(node_name: str) -> None:
             pod = pu.pod_from_template(template, ds, API, "DaemonSet")
             pod["metadata"]["labels"][REVISION_LABEL] = h
-            pod["metadata"]["labels"][GENERATION_LABEL] = str(pu.md(ds).get("generation", 1))
+            pod["metadata"]["labels"][GENERATION_LABEL] = str(objects.meta(ds).get("generation", 1))
             pod["spec"] = pin_to_node(pod["spec"], node_name)
             try:
-                out = await self.client.create(PODS, pod, pu.md(ds).get("namespace"))
+                out = await self.client.create(PODS, pod, objects.meta(ds).get("namespace"))
             except ApiError as e:
                 self.expectations.creation_observed(key)
                 await self.recorder.record(ds, "Warning", "FailedCreate", f"Error creating: {e}")
                 errors.append(e)
                 return
             await self.recorder.record(ds, "Normal", "SuccessfulCreate",
-                                       f"Created pod: {pu.md(out)['name']}")
+                                       f"Created pod: {objects.meta(out)['name']}")
 
         async def remove(pod: Obj) -> None:
-            pmd = pu.md(pod)
             try:
-                await self.client.delete(PODS, pmd["name"], pmd.get("namespace"), uid=pmd.get("uid"))
+                await self.delete_pod(ds, key, pod, self.expectations)
             except ApiError as e:
-                self.expectations.deletion_observed(key, pu.pod_key(pod))
-                if e.code not in (404, 409):
-                    await self.recorder.record(ds, "Warning", "FailedDelete", f"Error deleting: {e}")
-                    errors.append(e)
-                return
-            await self.recorder.record(ds, "Normal", "SuccessfulDelete", f"Deleted pod: {pmd['name']}")
+                errors.append(e)
 
         await asyncio.gather(*(create(n) for n in create_on), *(remove(p) for p in delete))
         if errors:
             raise errors[0]
 
     async def _update_status(self, ds: Obj, nodes: dict[str, Obj], by_node: dict[str, list[Obj]], h: str) -> None:
-        spec = ds.get("spec") or {}
+        spec = objects.spec(ds)
         tspec = (spec.get("template") or {}).get("spec") or {}
         mrs = int(spec.get("minReadySeconds") or 0)
         desired = current = misscheduled = ready = updated = available = 0
@@ -323,12 +292,12 @@ class DaemonSetController(Controller):
                 desired += 1
                 if live:
                     current += 1
-                    newest = max(live, key=lambda p: pu.md(p).get("creationTimestamp") or "")
+                    newest = max(live, key=lambda p: objects.meta(p).get("creationTimestamp") or "")
                     if pu.is_ready(newest):
                         ready += 1
                     if pu.is_available(newest, mrs):
                         available += 1
-                    if (pu.md(newest).get("labels") or {}).get(REVISION_LABEL) == h:
+                    if objects.labels(newest).get(REVISION_LABEL) == h:
                         updated += 1
             elif live:
                 misscheduled += 1
@@ -336,13 +305,13 @@ class DaemonSetController(Controller):
                   "numberMisscheduled": misscheduled, "numberReady": ready,
                   "updatedNumberScheduled": updated, "numberAvailable": available,
                   "numberUnavailable": desired - available,
-                  "observedGeneration": pu.md(ds).get("generation", 1)}
-        old = ds.get("status") or {}
+                  "observedGeneration": objects.meta(ds).get("generation", 1)}
+        old = objects.status(ds)
         if all(old.get(k, 0) == v for k, v in status.items()):
             return
         try:
-            await self.client.patch(DAEMONSETS, pu.md(ds)["name"], {"status": status},
-                                    pu.md(ds).get("namespace"), subresource="status")
+            await self.client.patch(DAEMONSETS, objects.meta(ds)["name"], {"status": status},
+                                    objects.meta(ds).get("namespace"), subresource="status")
         except ApiError as e:
             if e.code != 404:
                 raise

@@ -32,49 +32,53 @@ import copy
 import logging
 from typing import Any
 
+from .. import objects
 from ..client import DEPLOYMENTS, PODS, REPLICASETS, ApiError
 from ..intstr import scaled_value
+from ..matching import workload_selects
+from ..terms import Condition, DeploymentAnnotation, DeploymentReason
 from . import podutil as pu
 from .base import Controller, split_key
 
 log = logging.getLogger("kube32.controllers.deployment")
 Obj = dict[str, Any]
 
-REVISION = "deployment.kubernetes.io/revision"
-DESIRED = "deployment.kubernetes.io/desired-replicas"
-MAX_REPLICAS = "deployment.kubernetes.io/max-replicas"
+REVISION = DeploymentAnnotation.REVISION
+DESIRED = DeploymentAnnotation.DESIRED_REPLICAS
+MAX_REPLICAS = DeploymentAnnotation.MAX_REPLICAS
+AVAILABLE, PROGRESSING = Condition.DEPLOYMENT_AVAILABLE, Condition.DEPLOYMENT_PROGRESSING
 API = "apps/v1"
 
 
 def _replicas(obj: Obj) -> int:
-    return int((obj.get("spec") or {}).get("replicas", 1) or 0)
+    return int(objects.spec(obj).get("replicas", 1) or 0)
 
 
 def _st(obj: Obj, field: str) -> int:
-    return int((obj.get("status") or {}).get(field, 0) or 0)
+    return int(objects.status(obj).get(field, 0) or 0)
 
 
 def _revision(rs: Obj) -> int:
     try:
-        return int((pu.md(rs).get("annotations") or {}).get(REVISION, "0"))
+        return int(objects.annotations(rs).get(REVISION, "0"))
     except ValueError:
         return 0
 
 
 def _rv(obj: Obj) -> int:
     try:
-        return int(pu.md(obj).get("resourceVersion") or 0)
+        return int(objects.meta(obj).get("resourceVersion") or 0)
     except ValueError:
         return 0
 
 
 def _created(rs: Obj) -> tuple:
-    return (pu.md(rs).get("creationTimestamp") or "", pu.md(rs).get("name", ""))
+    return (objects.meta(rs).get("creationTimestamp") or "", objects.meta(rs).get("name", ""))
 
 
 def resolve_fenceposts(d: Obj) -> tuple[int, int]:
     """(maxSurge, maxUnavailable) as absolute numbers; never both 0 (k8s ResolveFenceposts)."""
-    ru = ((d.get("spec") or {}).get("strategy") or {}).get("rollingUpdate") or {}
+    ru = (objects.spec(d).get("strategy") or {}).get("rollingUpdate") or {}
     want = _replicas(d)
     surge = scaled_value(ru.get("maxSurge", "25%"), want, round_up=True)
     unavailable = scaled_value(ru.get("maxUnavailable", "25%"), want, round_up=False)
@@ -84,7 +88,7 @@ def resolve_fenceposts(d: Obj) -> tuple[int, int]:
 
 
 def max_unavailable(d: Obj) -> int:
-    strategy = ((d.get("spec") or {}).get("strategy") or {}).get("type", "RollingUpdate")
+    strategy = (objects.spec(d).get("strategy") or {}).get("type", "RollingUpdate")
     if strategy != "RollingUpdate" or _replicas(d) == 0:
         return 0
     return min(resolve_fenceposts(d)[1], _replicas(d))
@@ -108,11 +112,11 @@ class DeploymentController(Controller):
             key = pu.owner_key_of(obj, "Deployment") if obj else None
             if key:
                 self.queue.add(key)
-        if pu.controller_ref(rs) is None and etype != "DELETED":
-            ns = pu.md(rs).get("namespace")
+        if objects.controller_ref(rs) is None and etype != "DELETED":
+            ns = objects.meta(rs).get("namespace")
             for d in self.d_informer.list():
-                if pu.md(d).get("namespace") == ns and pu.selector_matches(
-                        (d.get("spec") or {}).get("selector"), pu.md(rs).get("labels")):
+                if objects.meta(d).get("namespace") == ns and workload_selects(
+                        objects.spec(d).get("selector"), objects.meta(rs).get("labels")):
                     self.queue.add(pu.pod_key(d))
 
     def _on_pod(self, etype: str, pod: Obj, old: Obj | None) -> None:
@@ -132,18 +136,18 @@ class DeploymentController(Controller):
     # --- sync ---------------------------------------------------------------------------------
     async def sync(self, key: Any) -> None:
         d = self.d_informer.get(key)
-        if d is None or pu.md(d).get("deletionTimestamp"):
+        if d is None or objects.meta(d).get("deletionTimestamp"):
             return
         ns, _ = split_key(key)
         d = copy.deepcopy(d)
         sets = await self.claim_replica_sets(d, ns or "default")
-        if not (d.get("spec") or {}).get("selector"):
+        if not objects.spec(d).get("selector"):
             return
         new_rs, old_sets = self.split_new_old(d, sets)
-        if (d.get("spec") or {}).get("paused"):
+        if objects.spec(d).get("paused"):
             await self.sync_status(d, new_rs, old_sets)
             return
-        strategy = ((d.get("spec") or {}).get("strategy") or {}).get("type", "RollingUpdate")
+        strategy = (objects.spec(d).get("strategy") or {}).get("type", "RollingUpdate")
         if strategy == "Recreate":
             new_rs = await self.rollout_recreate(d, new_rs, old_sets, ns or "default")
         else:
@@ -152,19 +156,19 @@ class DeploymentController(Controller):
         await self.sync_status(d, new_rs, old_sets)
 
     async def claim_replica_sets(self, d: Obj, ns: str) -> list[Obj]:
-        uid = pu.md(d).get("uid")
-        selector = (d.get("spec") or {}).get("selector")
+        uid = objects.meta(d).get("uid")
+        selector = objects.spec(d).get("selector")
         out = []
         for rs in self.rs_informer.list():
             rs = self._freshest(rs)
-            rmd = pu.md(rs)
+            rmd = objects.meta(rs)
             if rmd.get("namespace") != ns:
                 continue
-            ref = pu.controller_ref(rs)
+            ref = objects.controller_ref(rs)
             if ref is not None:
                 if ref.get("uid") == uid:
                     out.append(rs)
-            elif pu.selector_matches(selector, rmd.get("labels")) and not rmd.get("deletionTimestamp"):
+            elif workload_selects(selector, rmd.get("labels")) and not rmd.get("deletionTimestamp"):
                 refs = list(rmd.get("ownerReferences") or []) + [pu.owner_reference(d, API, "Deployment")]
                 try:
                     out.append(await self.client.patch(REPLICASETS, rmd["name"],
@@ -180,7 +184,7 @@ class DeploymentController(Controller):
         Decisions on a ReplicaSet this controller just scaled must see that scale,
         or a sync triggered by another event could undo or repeat it.
         """
-        mine = self._written.get(pu.md(rs).get("uid", ""))
+        mine = self._written.get(objects.meta(rs).get("uid", ""))
         if mine is not None and _rv(mine) > _rv(rs):
             return mine
         return rs
@@ -188,16 +192,16 @@ class DeploymentController(Controller):
     def _remember(self, rs: Obj) -> Obj:
         if len(self._written) > 10000:
             self._written.clear()
-        self._written[pu.md(rs).get("uid", "")] = rs
+        self._written[objects.meta(rs).get("uid", "")] = rs
         return rs
 
     @staticmethod
     def split_new_old(d: Obj, sets: list[Obj]) -> tuple[Obj | None, list[Obj]]:
-        template = (d.get("spec") or {}).get("template")
+        template = objects.spec(d).get("template")
         matching = sorted((rs for rs in sets if pu.templates_equal_ignoring_hash(
-            (rs.get("spec") or {}).get("template"), template)), key=_created)
+            objects.spec(rs).get("template"), template)), key=_created)
         new_rs = matching[0] if matching else None
-        old = [rs for rs in sets if new_rs is None or pu.md(rs).get("uid") != pu.md(new_rs).get("uid")]
+        old = [rs for rs in sets if new_rs is None or objects.meta(rs).get("uid") != objects.meta(new_rs).get("uid")]
         return new_rs, old
 
     # --- the new ReplicaSet ---------------------------------------------------------------------
@@ -206,48 +210,49 @@ class DeploymentController(Controller):
         max_rev = max((_revision(rs) for rs in old_sets), default=0)
         if new_rs is not None:
             rev = _revision(new_rs)
-            ann = pu.md(new_rs).get("annotations") or {}
+            ann = objects.annotations(new_rs)
             want_ann = {DESIRED: str(_replicas(d)), MAX_REPLICAS: str(_replicas(d) + self._surge(d))}
             if rev <= max_rev or any(ann.get(k) != v for k, v in want_ann.items()):
                 if rev <= max_rev:
                     want_ann[REVISION] = str(max_rev + 1)
                 new_rs = self._remember(await self.client.patch(
-                    REPLICASETS, pu.md(new_rs)["name"], {"metadata": {"annotations": want_ann}},
-                    pu.md(new_rs).get("namespace")))
+                    REPLICASETS, objects.meta(new_rs)["name"], {"metadata": {"annotations": want_ann}},
+                    objects.meta(new_rs).get("namespace")))
             await self._set_deployment_revision(d, _revision(new_rs))
             return new_rs
-        collisions = int((d.get("status") or {}).get("collisionCount") or 0)
-        template = copy.deepcopy((d.get("spec") or {}).get("template") or {})
-        for attempt in range(5):
+        collisions = int(objects.status(d).get("collisionCount") or 0)
+        template = copy.deepcopy(objects.spec(d).get("template") or {})
+        for _ in range(5):
             h = pu.template_hash(template, collisions)
             rs = self._new_rs_object(d, template, h, replicas, max_rev + 1)
             try:
-                created = self._remember(await self.client.create(REPLICASETS, rs, pu.md(d).get("namespace")))
+                created = self._remember(await self.client.create(REPLICASETS, rs, objects.meta(d).get("namespace")))
             except ApiError as e:
                 if e.code != 409:
                     raise
-                existing = await self.client.try_get(REPLICASETS, rs["metadata"]["name"], pu.md(d).get("namespace"))
+                existing = await self.client.try_get(REPLICASETS, rs["metadata"]["name"],
+                                                     objects.meta(d).get("namespace"))
                 if existing is not None and pu.is_controlled_by(existing, d) and pu.templates_equal_ignoring_hash(
-                        (existing.get("spec") or {}).get("template"), template):
+                        objects.spec(existing).get("template"), template):
                     return existing  # our own earlier create: the cache had not seen it yet
                 collisions += 1  # a different template hashed to the same name
                 await self._patch_status(d, {"collisionCount": collisions})
                 continue
             await self.recorder.record(d, "Normal", "ScalingReplicaSet",
-                                       f"Scaled up replica set {pu.md(created)['name']} to {replicas}")
+                                       f"Scaled up replica set {objects.meta(created)['name']} to {replicas}")
             await self._set_deployment_revision(d, max_rev + 1)
-            d.setdefault("status", {})["_created_new"] = pu.md(created)["name"]
+            d.setdefault("status", {})["_created_new"] = objects.meta(created)["name"]
             return created
         raise ApiError(409, "Conflict", "cannot find a free name for the new replica set")
 
     def _new_rs_object(self, d: Obj, template: Obj, h: str, replicas: int, revision: int) -> Obj:
         t = copy.deepcopy(template)
         t.setdefault("metadata", {}).setdefault("labels", {})[pu.POD_TEMPLATE_HASH] = h
-        selector = copy.deepcopy((d.get("spec") or {}).get("selector") or {})
+        selector = copy.deepcopy(objects.spec(d).get("selector") or {})
         selector.setdefault("matchLabels", {})[pu.POD_TEMPLATE_HASH] = h
-        dmd = pu.md(d)
+        dmd = objects.meta(d)
         spec: Obj = {"replicas": replicas, "selector": selector, "template": t,
-                     "minReadySeconds": int((d.get("spec") or {}).get("minReadySeconds") or 0)}
+                     "minReadySeconds": int(objects.spec(d).get("minReadySeconds") or 0)}
         return {"apiVersion": API, "kind": "ReplicaSet",
                 "metadata": {"name": f"{dmd['name']}-{h}", "namespace": dmd.get("namespace", "default"),
                              "labels": dict(t["metadata"]["labels"]),
@@ -258,17 +263,17 @@ class DeploymentController(Controller):
 
     @staticmethod
     def _surge(d: Obj) -> int:
-        strategy = ((d.get("spec") or {}).get("strategy") or {}).get("type", "RollingUpdate")
+        strategy = (objects.spec(d).get("strategy") or {}).get("type", "RollingUpdate")
         return resolve_fenceposts(d)[0] if strategy == "RollingUpdate" else 0
 
     async def _set_deployment_revision(self, d: Obj, rev: int) -> None:
-        ann = pu.md(d).get("annotations") or {}
+        ann = objects.annotations(d)
         if ann.get(REVISION) == str(rev):
             return
         try:
-            out = await self.client.patch(DEPLOYMENTS, pu.md(d)["name"],
+            out = await self.client.patch(DEPLOYMENTS, objects.meta(d)["name"],
                                           {"metadata": {"annotations": {REVISION: str(rev)}}},
-                                          pu.md(d).get("namespace"))
+                                          objects.meta(d).get("namespace"))
             d["metadata"] = out["metadata"]
         except ApiError as e:
             if e.code != 404:
@@ -278,16 +283,16 @@ class DeploymentController(Controller):
         if _replicas(rs) == replicas:
             return rs
         old = _replicas(rs)
-        out = await self.client.patch(REPLICASETS, pu.md(rs)["name"],
+        out = await self.client.patch(REPLICASETS, objects.meta(rs)["name"],
                                       {"spec": {"replicas": replicas},
                                        "metadata": {"annotations": {
                                            DESIRED: str(_replicas(d)),
                                            MAX_REPLICAS: str(_replicas(d) + self._surge(d))}}},
-                                      pu.md(rs).get("namespace"))
+                                      objects.meta(rs).get("namespace"))
         self._remember(out)
         verb = "up" if replicas > old else "down"
         await self.recorder.record(d, "Normal", "ScalingReplicaSet",
-                                   f"Scaled {verb} replica set {pu.md(rs)['name']} from {old} to {replicas}")
+                                   f"Scaled {verb} replica set {objects.meta(rs)['name']} from {old} to {replicas}")
         return out
 
     # --- strategies -------------------------------------------------------------------------------
@@ -359,15 +364,16 @@ class DeploymentController(Controller):
 
     @staticmethod
     def _sync_old_back(old_sets: list[Obj], ordered: list[Obj]) -> None:
-        by_uid = {pu.md(rs).get("uid"): rs for rs in ordered}
-        old_sets[:] = [by_uid.get(pu.md(rs).get("uid"), rs) for rs in old_sets]
+        by_uid = {objects.meta(rs).get("uid"): rs for rs in ordered}
+        old_sets[:] = [by_uid.get(objects.meta(rs).get("uid"), rs) for rs in old_sets]
 
     async def rollout_recreate(self, d: Obj, new_rs: Obj | None, old_sets: list[Obj], ns: str) -> Obj | None:
         for i, rs in enumerate(old_sets):
             if _replicas(rs):
                 old_sets[i] = await self.scale(d, rs, 0)
-        old_uids = {pu.md(rs).get("uid") for rs in old_sets}
-        old_pods_left = any(pu.md(p).get("namespace") == ns and (pu.controller_ref(p) or {}).get("uid") in old_uids
+        old_uids = {objects.meta(rs).get("uid") for rs in old_sets}
+        old_pods_left = any(objects.meta(p).get("namespace") == ns
+                            and (objects.controller_ref(p) or {}).get("uid") in old_uids
                             and not pu.is_terminal(p) for p in self.pod_informer.list())
         if old_pods_left:
             if new_rs is not None:
@@ -379,16 +385,16 @@ class DeploymentController(Controller):
         return await self.scale(d, new_rs, _replicas(d))
 
     async def cleanup(self, d: Obj, new_rs: Obj | None, old_sets: list[Obj]) -> None:
-        limit = (d.get("spec") or {}).get("revisionHistoryLimit", 10)
+        limit = objects.spec(d).get("revisionHistoryLimit", 10)
         if limit is None:
             return
         idle = [rs for rs in old_sets if _replicas(rs) == 0 and _st(rs, "replicas") == 0
-                and not pu.md(rs).get("deletionTimestamp")]
+                and not objects.meta(rs).get("deletionTimestamp")]
         excess = len(idle) - int(limit)
         for rs in sorted(idle, key=lambda r: (_revision(r), _created(r)))[:max(excess, 0)]:
             try:
-                await self.client.delete(REPLICASETS, pu.md(rs)["name"], pu.md(rs).get("namespace"),
-                                         uid=pu.md(rs).get("uid"), propagation="Background")
+                await self.client.delete(REPLICASETS, objects.meta(rs)["name"], objects.meta(rs).get("namespace"),
+                                         uid=objects.meta(rs).get("uid"), propagation="Background")
             except ApiError as e:
                 if e.code not in (404, 409):
                     raise
@@ -398,9 +404,9 @@ class DeploymentController(Controller):
         sets = ([new_rs] if new_rs else []) + old_sets
         want = _replicas(d)
         available = sum(_st(rs, "availableReplicas") for rs in sets)
-        old = d.get("status") or {}
+        old = objects.status(d)
         status: Obj = {
-            "observedGeneration": pu.md(d).get("generation", 1),
+            "observedGeneration": objects.meta(d).get("generation", 1),
             "replicas": sum(_st(rs, "replicas") for rs in sets),
             "updatedReplicas": _st(new_rs, "replicas") if new_rs else 0,
             "readyReplicas": sum(_st(rs, "readyReplicas") for rs in sets),
@@ -411,7 +417,7 @@ class DeploymentController(Controller):
         if old.get("collisionCount"):
             status["collisionCount"] = old["collisionCount"]
         conds = {c.get("type"): c for c in old.get("conditions") or [] if isinstance(c, dict)}
-        now = pu.rfc3339()
+        now = objects.rfc3339()
 
         def set_cond(ctype: str, cstatus: str, reason: str, message: str, progress: bool = False) -> None:
             prev = conds.get(ctype)
@@ -426,53 +432,58 @@ class DeploymentController(Controller):
             conds[ctype] = c
 
         if available >= want - max_unavailable(d):
-            set_cond("Available", "True", "MinimumReplicasAvailable", "Deployment has minimum availability.")
+            set_cond(AVAILABLE, "True", DeploymentReason.MINIMUM_REPLICAS_AVAILABLE,
+                     "Deployment has minimum availability.")
         else:
-            set_cond("Available", "False", "MinimumReplicasUnavailable", "Deployment does not have minimum availability.")
-        paused = bool((d.get("spec") or {}).get("paused"))
-        name = pu.md(new_rs)["name"] if new_rs else ""
+            set_cond(AVAILABLE, "False", DeploymentReason.MINIMUM_REPLICAS_UNAVAILABLE,
+                     "Deployment does not have minimum availability.")
+        paused = bool(objects.spec(d).get("paused"))
+        name = objects.meta(new_rs)["name"] if new_rs else ""
         complete = (new_rs is not None and status["updatedReplicas"] == want and status["replicas"] == want
                     and available >= want and _replicas(new_rs) == want)
-        created_now = (d.get("status") or {}).get("_created_new")
+        created_now = objects.status(d).get("_created_new")
         if paused:
-            set_cond("Progressing", "Unknown", "DeploymentPaused", "Deployment is paused")
+            set_cond(PROGRESSING, "Unknown", DeploymentReason.PAUSED, "Deployment is paused")
         elif complete:
-            set_cond("Progressing", "True", "NewReplicaSetAvailable",
+            set_cond(PROGRESSING, "True", DeploymentReason.NEW_REPLICA_SET_AVAILABLE,
                      f'ReplicaSet "{name}" has successfully progressed.')
         elif created_now:
-            set_cond("Progressing", "True", "NewReplicaSetCreated", f'Created new replica set "{name}"', progress=True)
+            set_cond(PROGRESSING, "True", DeploymentReason.NEW_REPLICA_SET_CREATED, f'Created new replica set "{name}"',
+                     progress=True)
         else:
             progressed = any(old.get(k, 0) != status[k] for k in ("replicas", "updatedReplicas", "readyReplicas",
                                                                    "availableReplicas"))
-            prev = conds.get("Progressing")
-            deadline = (d.get("spec") or {}).get("progressDeadlineSeconds")
-            last = pu.parse_time((prev or {}).get("lastUpdateTime"))
+            prev = conds.get(PROGRESSING)
+            deadline = objects.spec(d).get("progressDeadlineSeconds")
+            last = objects.parse_time((prev or {}).get("lastUpdateTime"))
             timed_out = (not progressed and deadline is not None and last is not None
-                         and prev.get("reason") != "NewReplicaSetAvailable"
-                         and (pu.now() - last).total_seconds() > int(deadline))
-            if timed_out or (prev or {}).get("reason") == "ProgressDeadlineExceeded" and not progressed:
-                set_cond("Progressing", "False", "ProgressDeadlineExceeded",
+                         and (prev or {}).get("reason") != DeploymentReason.NEW_REPLICA_SET_AVAILABLE
+                         and (objects.now() - last).total_seconds() > int(deadline))
+            exceeded = (prev or {}).get("reason") == DeploymentReason.PROGRESS_DEADLINE_EXCEEDED
+            if timed_out or exceeded and not progressed:
+                set_cond(PROGRESSING, "False", DeploymentReason.PROGRESS_DEADLINE_EXCEEDED,
                          f'ReplicaSet "{name}" has timed out progressing.')
             elif new_rs is not None:
-                set_cond("Progressing", "True", "ReplicaSetUpdated", f'ReplicaSet "{name}" is progressing.',
-                         progress=progressed or (prev or {}).get("reason") != "ReplicaSetUpdated")
-        status["conditions"] = [conds[t] for t in ("Available", "Progressing") if t in conds]
+                set_cond(PROGRESSING, "True", DeploymentReason.REPLICA_SET_UPDATED,
+                         f'ReplicaSet "{name}" is progressing.',
+                         progress=progressed or (prev or {}).get("reason") != DeploymentReason.REPLICA_SET_UPDATED)
+        status["conditions"] = [conds[t] for t in (AVAILABLE, PROGRESSING) if t in conds]
         return status
 
     async def sync_status(self, d: Obj, new_rs: Obj | None, old_sets: list[Obj]) -> None:
         status = self.compute_status(d, new_rs, old_sets)
-        old = {k: v for k, v in (d.get("status") or {}).items() if k != "_created_new"}
+        old = {k: v for k, v in objects.status(d).items() if k != "_created_new"}
         if status != old:
             await self._patch_status(d, status)
-        prog = next((c for c in status["conditions"] if c["type"] == "Progressing"), None)
-        deadline = (d.get("spec") or {}).get("progressDeadlineSeconds")
-        if prog and prog.get("reason") == "ReplicaSetUpdated" and deadline is not None:
+        prog = next((c for c in status["conditions"] if c["type"] == PROGRESSING), None)
+        deadline = objects.spec(d).get("progressDeadlineSeconds")
+        if prog and prog.get("reason") == DeploymentReason.REPLICA_SET_UPDATED and deadline is not None:
             self.queue.add_after(pu.pod_key(d), float(deadline) + 1)
 
     async def _patch_status(self, d: Obj, status: Obj) -> None:
         try:
-            out = await self.client.patch(DEPLOYMENTS, pu.md(d)["name"], {"status": status},
-                                          pu.md(d).get("namespace"), subresource="status")
+            out = await self.client.patch(DEPLOYMENTS, objects.meta(d)["name"], {"status": status},
+                                          objects.meta(d).get("namespace"), subresource="status")
             d["status"] = out.get("status", status)
         except ApiError as e:
             if e.code != 404:

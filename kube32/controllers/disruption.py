@@ -3,27 +3,24 @@
 For each budget it writes ``status`` (expectedPods, currentHealthy,
 desiredHealthy, disruptionsAllowed, observedGeneration and the
 DisruptionAllowed condition) from the pods the budget selects.  The numbers come
-from :func:`kube32.apiserver.eviction.budget_status`, the very function the
+from :func:`kube32.budgets.budget_status`, the very function the
 eviction path decides with, so what ``kubectl get pdb`` shows is what an
 eviction would find.  Any pod, ReplicaSet or budget change in a namespace
 re-syncs that namespace's budgets (keys are budget keys).
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from typing import Any
 
-from ..apiserver.eviction import budget_status
+from .. import objects
+from ..budgets import budget_status
 from ..client import DAEMONSETS, DEPLOYMENTS, PDBS, PODS, REPLICASETS, ApiError
+from ..terms import Condition
 from .base import Controller, key_of
 
 log = logging.getLogger("kube32.disruption")
 Obj = dict[str, Any]
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class DisruptionController(Controller):
@@ -39,11 +36,11 @@ class DisruptionController(Controller):
     def setup(self) -> None:
         self.pdbs.add_handler(lambda _t, pdb, _o: self.queue.add(key_of(pdb)))
         for inf in (self.pods, *self.scalers):
-            inf.add_handler(lambda _t, obj, _o: self._namespace_changed((obj.get("metadata") or {}).get("namespace")))
+            inf.add_handler(lambda _t, obj, _o: self._namespace_changed(objects.meta(obj).get("namespace")))
 
     def _namespace_changed(self, ns: str | None) -> None:
         for pdb in self.pdbs.list():
-            if (pdb.get("metadata") or {}).get("namespace") == ns:
+            if objects.meta(pdb).get("namespace") == ns:
                 self.queue.add(key_of(pdb))
 
     async def resync(self) -> None:
@@ -55,13 +52,13 @@ class DisruptionController(Controller):
         out: dict[str, int] = {}
         for inf in self.scalers:
             for obj in inf.list():
-                md = obj.get("metadata") or {}
+                md = objects.meta(obj)
                 if md.get("namespace") != ns:
                     continue
                 if inf.kind is DAEMONSETS:
-                    out[md.get("uid", "")] = int((obj.get("status") or {}).get("desiredNumberScheduled", 0) or 0)
+                    out[md.get("uid", "")] = int(objects.status(obj).get("desiredNumberScheduled", 0) or 0)
                 else:
-                    out[md.get("uid", "")] = int((obj.get("spec") or {}).get("replicas", 1) or 0)
+                    out[md.get("uid", "")] = int(objects.spec(obj).get("replicas", 1) or 0)
         return out
 
     async def sync(self, key: Any) -> None:
@@ -71,19 +68,20 @@ class DisruptionController(Controller):
         md = pdb["metadata"]
         ns = md.get("namespace", "")
         try:
-            st = budget_status(pdb, [p for p in self.pods.list() if (p.get("metadata") or {}).get("namespace") == ns],
+            st = budget_status(pdb, [p for p in self.pods.list() if objects.meta(p).get("namespace") == ns],
                                self._scales(ns))
         except ValueError as e:
             log.warning("budget %s is invalid: %s", key, e)
             return
-        old = pdb.get("status") or {}
+        old = objects.status(pdb)
         allowed = st.disruptions_allowed > 0
-        cond_old = next((c for c in old.get("conditions") or [] if c.get("type") == "DisruptionAllowed"), {})
+        cond_old: dict[str, Any] = objects.condition(pdb, Condition.DISRUPTION_ALLOWED) or {}
         want_status = "True" if allowed else "False"
-        cond = {"type": "DisruptionAllowed", "status": want_status,
+        cond = {"type": Condition.DISRUPTION_ALLOWED, "status": want_status,
                 "reason": "SufficientPods" if allowed else "InsufficientPods", "message": "",
                 "observedGeneration": md.get("generation", 1),
-                "lastTransitionTime": cond_old.get("lastTransitionTime") if cond_old.get("status") == want_status else _now()}
+                "lastTransitionTime": (cond_old.get("lastTransitionTime") if cond_old.get("status") == want_status
+                                       else objects.rfc3339())}
         status = {**old, **st.as_status(), "observedGeneration": md.get("generation", 1), "conditions": [cond]}
         if status == old:
             return

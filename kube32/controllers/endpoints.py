@@ -29,15 +29,18 @@ import json
 import logging
 from typing import Any
 
+from .. import objects
 from ..client import ENDPOINTS, ENDPOINTSLICES, PODS, SERVICES, ApiError
+from ..matching import service_selects
+from ..terms import Label
 from . import podutil as pu
 from .base import Controller, split_key
 
 log = logging.getLogger("kube32.controllers.endpoints")
 Obj = dict[str, Any]
 
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+SERVICE_NAME_LABEL = Label.SERVICE_NAME
+MANAGED_BY_LABEL = Label.ENDPOINTSLICE_MANAGED_BY
 MANAGED_BY = "endpointslice-controller.k8s.io"
 MAX_ENDPOINTS_PER_SLICE = 100
 
@@ -50,7 +53,7 @@ def resolve_port(svc_port: Obj, pod: Obj) -> int | None:
     if isinstance(target, str) and target.isdigit():
         return int(target)
     proto = svc_port.get("protocol", "TCP")
-    for c in (pod.get("spec") or {}).get("containers") or []:
+    for c in objects.spec(pod).get("containers") or []:
         for p in c.get("ports") or []:
             if p.get("name") == target and p.get("protocol", "TCP") == proto:
                 return p.get("containerPort")
@@ -58,14 +61,14 @@ def resolve_port(svc_port: Obj, pod: Obj) -> int | None:
 
 
 def _target_ref(pod: Obj) -> Obj:
-    m = pu.md(pod)
+    m = objects.meta(pod)
     return {"kind": "Pod", "name": m.get("name", ""), "namespace": m.get("namespace", "default"),
             "uid": m.get("uid", "")}
 
 
 def _address(pod: Obj) -> Obj:
-    a: Obj = {"ip": (pod.get("status") or {}).get("podIP"), "targetRef": _target_ref(pod)}
-    node = (pod.get("spec") or {}).get("nodeName")
+    a: Obj = {"ip": objects.status(pod).get("podIP"), "targetRef": _target_ref(pod)}
+    node = objects.spec(pod).get("nodeName")
     if node:
         a["nodeName"] = node
     return a
@@ -76,17 +79,17 @@ def _addr_order(a: Obj) -> tuple:
 
 
 def service_pods(svc: Obj, pods: list[Obj]) -> list[Obj]:
-    ns = pu.md(svc).get("namespace", "default")
-    selector = (svc.get("spec") or {}).get("selector")
-    return sorted((p for p in pods if pu.md(p).get("namespace") == ns
-                   and pu.map_selector_matches(selector, pu.md(p).get("labels"))
-                   and (p.get("status") or {}).get("podIP") and not pu.is_terminal(p)),
-                  key=lambda p: pu.md(p).get("name", ""))
+    ns = objects.meta(svc).get("namespace", "default")
+    selector = objects.spec(svc).get("selector")
+    return sorted((p for p in pods if objects.meta(p).get("namespace") == ns
+                   and service_selects(selector, objects.meta(p).get("labels"))
+                   and objects.status(p).get("podIP") and not pu.is_terminal(p)),
+                  key=lambda p: objects.meta(p).get("name", ""))
 
 
 def _port_set(svc: Obj, pod: Obj) -> tuple[tuple[str, int, str], ...]:
     out = []
-    for sp in (svc.get("spec") or {}).get("ports") or []:
+    for sp in objects.spec(svc).get("ports") or []:
         port = resolve_port(sp, pod)
         if port is not None:
             out.append((sp.get("name") or "", int(port), sp.get("protocol", "TCP")))
@@ -99,7 +102,7 @@ def desired_subsets(svc: Obj, pods: list[Obj]) -> list[Obj]:
         if pu.is_terminating(pod):
             continue  # Endpoints list no terminating pods (publishNotReadyAddresses aside)
         ready, not_ready = groups.setdefault(_port_set(svc, pod), ([], []))
-        publish = bool((svc.get("spec") or {}).get("publishNotReadyAddresses"))
+        publish = bool(objects.spec(svc).get("publishNotReadyAddresses"))
         (ready if pu.is_ready(pod) or publish else not_ready).append(_address(pod))
     subsets = []
     for ports, (ready, not_ready) in sorted(groups.items()):
@@ -116,12 +119,12 @@ def desired_subsets(svc: Obj, pods: list[Obj]) -> list[Obj]:
 
 def slice_name(svc: Obj, ports: tuple, index: int) -> str:
     digest = hashlib.sha256(json.dumps([list(ports), index]).encode()).digest()
-    return f"{pu.md(svc)['name'][:56]}-{pu.safe_encode(digest, 5)}"
+    return f"{objects.meta(svc)['name'][:56]}-{pu.safe_encode(digest, 5)}"
 
 
 def desired_slices(svc: Obj, pods: list[Obj]) -> dict[str, Obj]:
     """name -> EndpointSlice body; an empty placeholder when no pod is selected (as k8s)."""
-    smd = pu.md(svc)
+    smd = objects.meta(svc)
     groups: dict[tuple, list[Obj]] = {}
     for pod in pods:
         groups.setdefault(_port_set(svc, pod), []).append(pod)
@@ -150,10 +153,10 @@ def desired_slices(svc: Obj, pods: list[Obj]) -> dict[str, Obj]:
 def _slice_endpoint(pod: Obj) -> Obj:
     ready = pu.is_ready(pod)
     terminating = pu.is_terminating(pod)
-    ep: Obj = {"addresses": [(pod.get("status") or {}).get("podIP")],
+    ep: Obj = {"addresses": [objects.status(pod).get("podIP")],
                "conditions": {"ready": ready and not terminating, "serving": ready, "terminating": terminating},
                "targetRef": _target_ref(pod)}
-    node = (pod.get("spec") or {}).get("nodeName")
+    node = objects.spec(pod).get("nodeName")
     if node:
         ep["nodeName"] = node
     return ep
@@ -176,11 +179,11 @@ class EndpointsController(Controller):
         self.slice_informer.add_handler(self._on_slice)
 
     def _on_pod(self, etype: str, pod: Obj, old: Obj | None) -> None:
-        ns = pu.md(pod).get("namespace")
-        label_sets = [pu.md(pod).get("labels")] + ([pu.md(old).get("labels")] if old else [])
+        ns = objects.meta(pod).get("namespace")
+        label_sets = [objects.meta(pod).get("labels")] + ([objects.meta(old).get("labels")] if old else [])
         for svc in self.svc_informer.list():
-            if pu.md(svc).get("namespace") == ns and any(
-                    pu.map_selector_matches((svc.get("spec") or {}).get("selector"), ls) for ls in label_sets):
+            if objects.meta(svc).get("namespace") == ns and any(
+                    service_selects(objects.spec(svc).get("selector"), ls) for ls in label_sets):
                 self.queue.add(pu.pod_key(svc))
 
     def _on_endpoints(self, etype: str, ep: Obj, old: Obj | None) -> None:
@@ -188,9 +191,9 @@ class EndpointsController(Controller):
             self.queue.add(pu.pod_key(ep))
 
     def _on_slice(self, etype: str, sl: Obj, old: Obj | None) -> None:
-        labels = pu.md(sl).get("labels") or {}
+        labels = objects.labels(sl)
         if labels.get(MANAGED_BY_LABEL) == MANAGED_BY and labels.get(SERVICE_NAME_LABEL):
-            self.queue.add(f"{pu.md(sl).get('namespace', 'default')}/{labels[SERVICE_NAME_LABEL]}")
+            self.queue.add(f"{objects.meta(sl).get('namespace', 'default')}/{labels[SERVICE_NAME_LABEL]}")
 
     async def resync(self) -> None:
         for svc in self.svc_informer.list():
@@ -201,17 +204,17 @@ class EndpointsController(Controller):
         ns, name = split_key(key)
         ns = ns or "default"
         svc = self.svc_informer.get(key)
-        if svc is None or pu.md(svc).get("deletionTimestamp"):
+        if svc is None or objects.meta(svc).get("deletionTimestamp"):
             await self._delete_all(ns, name)
             return
-        if not (svc.get("spec") or {}).get("selector"):
+        if not objects.spec(svc).get("selector"):
             return  # no selector: Endpoints are managed by the user
         pods = service_pods(svc, self.pod_informer.list())
         await self._sync_endpoints(svc, pods)
         await self._sync_slices(svc, pods)
 
     async def _sync_endpoints(self, svc: Obj, pods: list[Obj]) -> None:
-        smd = pu.md(svc)
+        smd = objects.meta(svc)
         subsets = desired_subsets(svc, pods)
         labels = dict(smd.get("labels") or {})
         current = self.ep_informer.get(pu.pod_key(svc))
@@ -230,20 +233,20 @@ class EndpointsController(Controller):
                 if current is None:
                     raise
         if (current.get("subsets") or []) == subsets and \
-                (pu.md(current).get("labels") or {}) == labels:
+                objects.labels(current) == labels:
             return
         new = {**current, "subsets": subsets}
-        new["metadata"] = {**pu.md(current), "labels": labels}
+        new["metadata"] = {**objects.meta(current), "labels": labels}
         await self.client.update(ENDPOINTS, new)
 
     async def _sync_slices(self, svc: Obj, pods: list[Obj]) -> None:
-        smd = pu.md(svc)
+        smd = objects.meta(svc)
         ns = smd.get("namespace", "default")
         want = desired_slices(svc, pods)
-        have = {pu.md(s)["name"]: s for s in self.slice_informer.list()
-                if pu.md(s).get("namespace") == ns
-                and (pu.md(s).get("labels") or {}).get(SERVICE_NAME_LABEL) == smd["name"]
-                and (pu.md(s).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY}
+        have = {objects.meta(s)["name"]: s for s in self.slice_informer.list()
+                if objects.meta(s).get("namespace") == ns
+                and objects.labels(s).get(SERVICE_NAME_LABEL) == smd["name"]
+                and objects.labels(s).get(MANAGED_BY_LABEL) == MANAGED_BY}
         for name, body in want.items():
             cur = have.get(name)
             if cur is None:
@@ -257,23 +260,23 @@ class EndpointsController(Controller):
                     if cur is None:
                         raise
             if all(cur.get(f) == body[f] for f in ("addressType", "endpoints", "ports")) and \
-                    pu.md(cur).get("labels") == body["metadata"]["labels"] and \
-                    pu.md(cur).get("ownerReferences") == body["metadata"]["ownerReferences"]:
+                    objects.meta(cur).get("labels") == body["metadata"]["labels"] and \
+                    objects.meta(cur).get("ownerReferences") == body["metadata"]["ownerReferences"]:
                 continue
-            new = {**body, "metadata": {**pu.md(cur), **body["metadata"]}}
+            new = {**body, "metadata": {**objects.meta(cur), **body["metadata"]}}
             await self.client.update(ENDPOINTSLICES, new)
         for name, cur in have.items():
             if name not in want:
-                await self._delete(ENDPOINTSLICES, name, ns, pu.md(cur).get("uid"))
+                await self._delete(ENDPOINTSLICES, name, ns, objects.meta(cur).get("uid"))
 
     async def _delete_all(self, ns: str, name: str) -> None:
         if self.ep_informer.get(f"{ns}/{name}") is not None:
             await self._delete(ENDPOINTS, name, ns, None)
         for s in self.slice_informer.list():
-            labels = pu.md(s).get("labels") or {}
-            if pu.md(s).get("namespace") == ns and labels.get(SERVICE_NAME_LABEL) == name \
+            labels = objects.labels(s)
+            if objects.meta(s).get("namespace") == ns and labels.get(SERVICE_NAME_LABEL) == name \
                     and labels.get(MANAGED_BY_LABEL) == MANAGED_BY:
-                await self._delete(ENDPOINTSLICES, pu.md(s)["name"], ns, pu.md(s).get("uid"))
+                await self._delete(ENDPOINTSLICES, objects.meta(s)["name"], ns, objects.meta(s).get("uid"))
 
     async def _delete(self, kind: Any, name: str, ns: str, uid: str | None) -> None:
         try:

@@ -9,6 +9,8 @@ replacement with a new uid is another owner).  Two kinds of work-queue key:
   each other: a pod may be seen before its new ReplicaSet).  All owners gone ->
   delete the dependent (background, uid precondition); some gone -> drop the
   dangling references.
+  An owner that is a custom resource (not watched here) is looked up again every
+  ``CUSTOM_OWNER_RECHECK`` seconds while it exists.
 * ``("owner", plural, key)``: an object being deleted that carries a GC finalizer.
   ``orphan``: remove the references to it from its dependents, then the
   finalizer.  ``foregroundDeletion``: delete its dependents (foreground again for
@@ -22,26 +24,30 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..client import (CHECKPOINTS, CONFIGMAPS, DAEMONSETS, DEPLOYMENTS, ENDPOINTS, ENDPOINTSLICES,
-                      PODS, REPLICASETS, SECRETS, SERVICES, ApiError, Kind)
-from ..client.kinds import by_api_kind
+from .. import objects
+from ..client import (CHECKPOINTS, CONFIGMAPS, CONTROLLERREVISIONS, CRONJOBS, DAEMONSETS, DEPLOYMENTS,
+                      ENDPOINTS, ENDPOINTSLICES, JOBS, PODS, REPLICASETS, SECRETS, SERVICES, ApiError, Kind)
+from ..client.kinds import CUSTOMRESOURCEDEFINITIONS, by_api_kind
 from .base import Controller, key_of
 
 log = logging.getLogger("kube32.garbagecollector")
 Obj = dict[str, Any]
 
 COVERED: tuple[Kind, ...] = (PODS, REPLICASETS, DEPLOYMENTS, DAEMONSETS, SERVICES, ENDPOINTS,
-                             ENDPOINTSLICES, CONFIGMAPS, SECRETS, CHECKPOINTS)
+                             ENDPOINTSLICES, CONFIGMAPS, SECRETS, CHECKPOINTS, JOBS, CRONJOBS, CONTROLLERREVISIONS)
 ORPHAN = "orphan"
+# A custom resource (a CRD's kind) is not watched here: a dependent of one looks again
+# this often whether its owner is still there.
+CUSTOM_OWNER_RECHECK = 3.0
 FOREGROUND = "foregroundDeletion"
 
 
 def owner_refs(obj: Obj) -> list[Obj]:
-    return [r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if isinstance(r, dict)]
+    return [r for r in objects.meta(obj).get("ownerReferences") or [] if isinstance(r, dict)]
 
 
 def gc_finalizers(obj: Obj) -> set[str]:
-    return set((obj.get("metadata") or {}).get("finalizers") or []) & {ORPHAN, FOREGROUND}
+    return set(objects.meta(obj).get("finalizers") or []) & {ORPHAN, FOREGROUND}
 
 
 class GarbageCollector(Controller):
@@ -63,7 +69,7 @@ class GarbageCollector(Controller):
     # --- the graph ------------------------------------------------------------
     def _on_event(self, plural: str, etype: str, obj: Obj) -> None:
         key = key_of(obj)
-        uid = (obj.get("metadata") or {}).get("uid", "")
+        uid = objects.meta(obj).get("uid", "")
         node = (plural, key)
         for owner in self._owners_of.pop(node, set()):
             deps = self.dependents.get(owner)
@@ -84,13 +90,13 @@ class GarbageCollector(Controller):
                 for o in owners:
                     self.dependents.setdefault(o, set()).add(node)
                 self.queue.add(("dependent", plural, key))
-            if (obj.get("metadata") or {}).get("deletionTimestamp") and gc_finalizers(obj):
+            if objects.meta(obj).get("deletionTimestamp") and gc_finalizers(obj):
                 self.queue.add(("owner", plural, key))
         # A dependent that changed or went may be what a foreground deletion waits for.
         for r in owner_refs(obj):
-            owner = self.by_uid.get(r.get("uid", ""))
-            if owner is not None:
-                self.queue.add(("owner", *owner))
+            owning = self.by_uid.get(r.get("uid", ""))
+            if owning is not None:
+                self.queue.add(("owner", *owning))
 
     def _cached(self, plural: str, key: str) -> Obj | None:
         return self.informers[plural].get(key)
@@ -99,17 +105,31 @@ class GarbageCollector(Controller):
         uid = ref.get("uid", "")
         if uid in self.by_uid:
             return True
-        kind = by_api_kind(ref.get("apiVersion", ""), ref.get("kind", ""))
+        kind = by_api_kind(ref.get("apiVersion", ""), ref.get("kind", "")) or await self._custom_kind(ref)
         if kind is None:
             return True  # a kind this collector cannot look up is never judged absent
-        ns = (dependent.get("metadata") or {}).get("namespace") if kind.namespaced else None
+        ns = objects.meta(dependent).get("namespace") if kind.namespaced else None
         try:
             found = await self.client.try_get(kind, ref.get("name", ""), ns)
         except ApiError as e:
             if e.code in (400, 403):
                 return False  # a reference the API cannot resolve (bad name) has no owner behind it
             raise
-        return found is not None and (found.get("metadata") or {}).get("uid") == uid
+        return found is not None and objects.meta(found).get("uid") == uid
+
+    async def _custom_kind(self, ref: Obj) -> Kind | None:
+        """The custom resource kind a reference names, from the CRDs served now."""
+        group, _, version = str(ref.get("apiVersion", "")).rpartition("/")
+        if not group:
+            return None
+        crds, _ = await self.client.list(CUSTOMRESOURCEDEFINITIONS)
+        for crd in crds:
+            spec = objects.spec(crd)
+            names = spec.get("names") or {}
+            served = {v.get("name") for v in spec.get("versions") or [] if isinstance(v, dict) and v.get("served")}
+            if spec.get("group") == group and names.get("kind") == ref.get("kind") and version in served:
+                return Kind(group, version, names.get("plural", ""), names["kind"], spec.get("scope") == "Namespaced")
+        return None
 
     # --- sync -------------------------------------------------------------------
     async def sync(self, key: Any) -> None:
@@ -127,6 +147,8 @@ class GarbageCollector(Controller):
         if not refs:
             return
         gone = [r for r in refs if not await self._owner_exists(obj, r)]
+        if any(by_api_kind(r.get("apiVersion", ""), r.get("kind", "")) is None for r in refs if r not in gone):
+            self.queue.add_after(("dependent", plural, key_of(obj)), CUSTOM_OWNER_RECHECK)
         if not gone:
             return
         md = obj["metadata"]
@@ -155,15 +177,6 @@ class GarbageCollector(Controller):
             if e.code != 404:
                 raise  # 409: re-read and try again (the queue retries)
 
-    async def _set_finalizers(self, kind: Kind, obj: Obj, finalizers: list[str]) -> None:
-        md = obj["metadata"]
-        patch = {"metadata": {"resourceVersion": md.get("resourceVersion"), "finalizers": finalizers or None}}
-        try:
-            await self.client.patch(kind, md["name"], patch, md.get("namespace"))
-        except ApiError as e:
-            if e.code != 404:
-                raise
-
     def _dependents_of(self, uid: str) -> list[tuple[str, Obj]]:
         out = []
         for plural, key in sorted(self.dependents.get(uid, ())):
@@ -183,7 +196,7 @@ class GarbageCollector(Controller):
             for dep_plural, dep in self._dependents_of(uid):
                 keep = [r for r in owner_refs(dep) if r.get("uid") != uid]
                 await self._set_owner_refs(self.kinds[dep_plural], dep, keep)
-            await self._set_finalizers(kind, obj, [f for f in finalizers if f != ORPHAN])
+            await self.set_finalizers(kind, obj, [f for f in finalizers if f != ORPHAN])
             return
         if FOREGROUND not in finalizers:
             return
@@ -202,4 +215,4 @@ class GarbageCollector(Controller):
                 if e.code not in (404, 409):
                     raise
         if blocking == 0:
-            await self._set_finalizers(kind, obj, [f for f in finalizers if f != FOREGROUND])
+            await self.set_finalizers(kind, obj, [f for f in finalizers if f != FOREGROUND])

@@ -8,9 +8,14 @@ the module the snapshot was taken from (the pod's image was changed and its cont
 has not restarted with it yet, or a ``wasm://`` URL serves another module now).  So
 while the source takes the snapshot, the Checkpoint controller has the target's kubelet
 pull and load the image (``POST /api/v1/nodes/<target>/proxy/images/pull``, the caches
-then hold it for the replacement); before it replaces the pod it needs that answer,
-and the module's digest must be the snapshot's ``imageSha256``.  Either failure fails
-the move before the replacement: the pod thaws where it runs, with its state.
+then hold it for the replacement), and it needs that answer before the pod freezes:
+a target that cannot pull, or does not answer within the move's rollback timeout (a
+node that hangs), fails the move with the pod never frozen.  Once the snapshot is taken,
+the module's digest must be the snapshot's ``imageSha256``, else the move fails before
+the replacement: the pod thaws where it runs, with its state.  The pull is never
+awaited while the pod is frozen: a hung target's answer could take the pull's whole
+timeout (a fresh connection to a stopped node fails in seconds, but one kept alive
+from earlier requests waits for an answer), and the pod would stay frozen that long.
 """
 from __future__ import annotations
 
@@ -20,8 +25,10 @@ from typing import Any
 
 import aiohttp
 
+from .. import objects
 from ..client import Client
-from ..movability import WASM_PIN
+from ..terms import Annotation
+from ..urlpath import api_path
 
 PULL_TIMEOUT_SECONDS = 60.0  # the target's own pull gives up after 60 s (kubelet.images)
 
@@ -31,23 +38,24 @@ class TargetImageError(Exception):
 
 
 def image_of(pod: dict[str, Any], container: str) -> str:
-    return next((c.get("image", "") for c in (pod.get("spec") or {}).get("containers") or []
+    return next((c.get("image", "") for c in objects.spec(pod).get("containers") or []
                  if c.get("name") == container), "")
 
 
-async def pull_on(client: Client, node: str, image: str, annotations: dict[str, str]) -> str:
+async def pull_on(client: Client, node: str, image: str, annotations: dict[str, str],
+                  timeout: float = PULL_TIMEOUT_SECONDS) -> str:
     """Have ``node`` pull and load ``image``; the module's digest (TargetImageError when
-    it cannot)."""
+    it cannot, or gives no answer within ``timeout`` s)."""
     params = {"image": image}
-    if annotations.get(WASM_PIN):
-        params["sha256"] = annotations[WASM_PIN]
+    if annotations.get(Annotation.WASM_PIN):
+        params["sha256"] = annotations[Annotation.WASM_PIN]
     try:
-        async with client.request("POST", f"/api/v1/nodes/{node}/proxy/images/pull", params=params,
-                                  timeout=aiohttp.ClientTimeout(total=PULL_TIMEOUT_SECONDS)) as r:
+        async with client.request("POST", api_path("api", "v1", "nodes", node, "proxy", "images", "pull"),
+                                  params=params, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             text = await r.text()
     except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
-        raise TargetImageError(f"node {node} did not answer whether it can pull image {image}: "
-                               f"{e or type(e).__name__}") from None
+        why = f"no answer within {timeout:g} s" if isinstance(e, asyncio.TimeoutError) else str(e) or type(e).__name__
+        raise TargetImageError(f"node {node} did not answer whether it can pull image {image}: {why}") from None
     try:
         body = json.loads(text)
     except json.JSONDecodeError:

@@ -8,39 +8,39 @@ import asyncio
 import logging
 
 from ..client import Client, EventRecorder
+from .autopolicy import AutoPolicy
 from .base import Controller, ControllerContext, ControllerOptions, SharedInformers
+from .checkpoint import CheckpointController
+from .cronjob import CronJobController
+from .daemonset import DaemonSetController
+from .deployment import DeploymentController
+from .disruption import DisruptionController
+from .endpoints import EndpointsController
+from .garbagecollector import GarbageCollector
+from .job import JobController
+from .namespace import NamespaceController
+from .nodelifecycle import NodeLifecycle
+from .periodic import PeriodicCheckpoints
+from .podgc import PodGC
+from .replicaset import ReplicaSetController
+from .restore import RestoreController
+from .scheduler import Scheduler
+from .serviceaccount import ServiceAccountsController
 
 log = logging.getLogger("kube32.controllers")
 
-# Controller classes, in start order (filled as controllers land).
-CONTROLLERS: list[type[Controller]] = []
-
-# Scheduling, node health, garbage collection, namespaces, disruption budgets.
-from .disruption import DisruptionController  # noqa: E402
-from .garbagecollector import GarbageCollector  # noqa: E402
-from .namespace import NamespaceController  # noqa: E402
-from .nodelifecycle import NodeLifecycle  # noqa: E402
-from .podgc import PodGC  # noqa: E402
-from .scheduler import Scheduler  # noqa: E402
-from .serviceaccount import ServiceAccountsController  # noqa: E402
-
-CONTROLLERS += [Scheduler, NodeLifecycle, PodGC, GarbageCollector, NamespaceController, DisruptionController,
-                ServiceAccountsController]
-
-from .replicaset import ReplicaSetController  # noqa: E402 - registered right after the list
-from .deployment import DeploymentController  # noqa: E402
-from .daemonset import DaemonSetController  # noqa: E402
-from .endpoints import EndpointsController  # noqa: E402
-
-CONTROLLERS += [ReplicaSetController, DeploymentController, DaemonSetController, EndpointsController]
-
-# Pod migration.
-from .checkpoint import CheckpointController  # noqa: E402
-from .periodic import PeriodicCheckpoints  # noqa: E402
-from .restore import RestoreController  # noqa: E402
-from .autopolicy import AutoPolicy  # noqa: E402
-
-CONTROLLERS += [CheckpointController, PeriodicCheckpoints, RestoreController, AutoPolicy]
+# Controller classes, in start order.
+CONTROLLERS: list[type[Controller]] = [
+    # Scheduling, node health, garbage collection, namespaces, disruption budgets.
+    Scheduler, NodeLifecycle, PodGC, GarbageCollector, NamespaceController, DisruptionController,
+    ServiceAccountsController,
+    # Workloads and Services.
+    ReplicaSetController, DeploymentController, DaemonSetController, EndpointsController,
+    # Jobs and CronJobs (batch/v1).
+    JobController, CronJobController,
+    # Pod migration.
+    CheckpointController, PeriodicCheckpoints, RestoreController, AutoPolicy,
+]
 
 
 class ControllerManager:

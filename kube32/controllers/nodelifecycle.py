@@ -13,7 +13,10 @@ After Kubernetes' ``node_lifecycle_controller.go`` and its taint manager:
   is recorded.
 * Taints follow the Ready condition: Unknown -> ``node.kubernetes.io/unreachable``,
   False -> ``node.kubernetes.io/not-ready``, each with NoSchedule and NoExecute;
-  Ready again -> both gone.  Other taints are never touched.
+  Ready again -> both gone.  As Kubernetes' TaintNodesByCondition: a Ready node whose
+  MemoryPressure is True (its free heap, what its pods and their modules leave, below
+  24 KiB) gets ``node.kubernetes.io/memory-pressure`` NoSchedule, so the scheduler
+  places no more pods there until it has room again.  Other taints are never touched.
 * A pod on a node with a NoExecute taint goes after its toleration period:
   ``tolerationSeconds`` of a matching toleration (a matching toleration without
   it: never), else, for the two taints above, ``pod_eviction_timeout_seconds``
@@ -32,55 +35,55 @@ import logging
 import time
 from typing import Any
 
-from .. import movability
+from .. import movability, objects
 from ..client import CHECKPOINTS, LEASES, NODES, PODS, ApiError
+from ..matching import tolerates
+from ..terms import Condition, Effect, Policy, Taint
 from .base import Controller
 from .checkpoint import replaced_by_move, replacement_of
 from .periodic import latest_periodic
-from .scheduler import condition_status, toleration_matches
 
 log = logging.getLogger("kube32.nodelifecycle")
 Obj = dict[str, Any]
 
 LEASE_NAMESPACE = "kube-node-lease"
-UNREACHABLE = "node.kubernetes.io/unreachable"
-NOT_READY = "node.kubernetes.io/not-ready"
-LIFECYCLE_TAINT_KEYS = (UNREACHABLE, NOT_READY)
+LIFECYCLE_TAINT_KEYS = (Taint.UNREACHABLE, Taint.NOT_READY)
+MANAGED_TAINT_KEYS = (*LIFECYCLE_TAINT_KEYS, Taint.MEMORY_PRESSURE)   # what this controller writes
 UNKNOWN_REASON = "NodeStatusUnknown"
 UNKNOWN_MESSAGE = "Kubelet stopped posting node status."
 NEVER_MESSAGE = "Kubelet never posted node status."
 
 
 def rfc3339(t: float | None = None) -> str:
-    when = dt.datetime.fromtimestamp(t, dt.timezone.utc) if t is not None else dt.datetime.now(dt.timezone.utc)
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    """An epoch time (now when None) as RFC 3339."""
+    return objects.rfc3339(None if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc))
 
 
 def parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    """An RFC 3339 timestamp as epoch seconds, None when missing or not one."""
+    when = objects.parse_time(text)
+    return None if when is None else when.timestamp()
 
 
-def desired_lifecycle_taints(ready: str | None) -> set[tuple[str, str]]:
-    key = {"Unknown": UNREACHABLE, None: UNREACHABLE, "False": NOT_READY}.get(ready)
-    return {(key, "NoSchedule"), (key, "NoExecute")} if key else set()
+def desired_lifecycle_taints(ready: str | None, memory_pressure: str | None = None) -> set[tuple[str, str]]:
+    key = {"Unknown": Taint.UNREACHABLE, None: Taint.UNREACHABLE, "False": Taint.NOT_READY}.get(ready)
+    if key:
+        return {(key, Effect.NO_SCHEDULE), (key, Effect.NO_EXECUTE)}
+    return {(Taint.MEMORY_PRESSURE, Effect.NO_SCHEDULE)} if memory_pressure == "True" else set()
 
 
-def with_lifecycle_taints(taints: list[Obj], ready: str | None, now: float) -> list[Obj] | None:
-    """The node's taints with the lifecycle taints that its Ready condition calls for, or
-    None when they are already right.  Kept taints keep their timeAdded."""
-    want = desired_lifecycle_taints(ready)
-    have = {(t.get("key"), t.get("effect")) for t in taints if t.get("key") in LIFECYCLE_TAINT_KEYS}
+def with_lifecycle_taints(taints: list[Obj], ready: str | None, now: float,
+                          memory_pressure: str | None = None) -> list[Obj] | None:
+    """The node's taints with the taints that its Ready and MemoryPressure conditions call
+    for, or None when they are already right.  Kept taints keep their timeAdded."""
+    want = desired_lifecycle_taints(ready, memory_pressure)
+    have = {(t.get("key"), t.get("effect")) for t in taints if t.get("key") in MANAGED_TAINT_KEYS}
     if have == want:
         return None
-    out = [t for t in taints if t.get("key") not in LIFECYCLE_TAINT_KEYS or (t.get("key"), t.get("effect")) in want]
+    out = [t for t in taints if t.get("key") not in MANAGED_TAINT_KEYS or (t.get("key"), t.get("effect")) in want]
     for key, effect in sorted(want - have):
         taint: Obj = {"key": key, "effect": effect}
-        if effect == "NoExecute":
+        if effect == Effect.NO_EXECUTE:
             taint["timeAdded"] = rfc3339(now)
         out.append(taint)
     return out
@@ -88,13 +91,13 @@ def with_lifecycle_taints(taints: list[Obj], ready: str | None, now: float) -> l
 
 def toleration_seconds(pod: Obj, taint: Obj, default_seconds: float) -> float | None:
     """How long the pod stays on a node with this NoExecute taint; None = for ever."""
-    matching = [t for t in (pod.get("spec") or {}).get("tolerations") or []
-                if isinstance(t, dict) and toleration_matches(t, taint)]
+    matching = [t for t in objects.spec(pod).get("tolerations") or []
+                if isinstance(t, dict) and tolerates(t, taint)]
     if matching:
         limits = [t.get("tolerationSeconds") for t in matching]
         if any(s is None for s in limits):
             return None
-        return float(max(0, min(int(s) for s in limits)))
+        return float(max(0, min(int(s) for s in limits if s is not None)))
     return default_seconds if taint.get("key") in LIFECYCLE_TAINT_KEYS else 0.0
 
 
@@ -102,7 +105,7 @@ def eviction_deadline(pod: Obj, taints: list[Obj], default_seconds: float, now: 
     """When the pod must go (wall clock), None = never: the earliest over NoExecute taints."""
     deadline = None
     for taint in taints:
-        if taint.get("effect") != "NoExecute":
+        if taint.get("effect") != Effect.NO_EXECUTE:
             continue
         seconds = toleration_seconds(pod, taint, default_seconds)
         if seconds is None:
@@ -136,18 +139,18 @@ class NodeLifecycle(Controller):
         self.pods.add_handler(self._on_pod)
 
     def _on_lease(self, _t: str, lease: Obj, _o: Obj | None) -> None:
-        md = lease.get("metadata") or {}
+        md = objects.meta(lease)
         if md.get("namespace") == LEASE_NAMESPACE:
             self.queue.add(md.get("name", ""))
 
     def _on_pod(self, etype: str, pod: Obj, _o: Obj | None) -> None:
         """A pod matters here only on a node with NoExecute taints (its evictions); the
         node's own events bring the taints, and its sync looks at every pod then."""
-        name = (pod.get("spec") or {}).get("nodeName")
+        name = objects.spec(pod).get("nodeName")
         if etype == "DELETED" or not name:
             return
         node = self.nodes.get(name)
-        if node is None or any(t.get("effect") == "NoExecute" for t in (node.get("spec") or {}).get("taints") or []):
+        if node is None or any(t.get("effect") == Effect.NO_EXECUTE for t in objects.spec(node).get("taints") or []):
             # Batched: each sync looks at every pod, and a storm of pod events (a lost
             # node's thousand pods being marked) must not make it one sync per event.
             self.queue.add_after(name, POD_EVENT_BATCH_SECONDS)
@@ -166,9 +169,8 @@ class NodeLifecycle(Controller):
         """Seconds since this controller last saw the node's heartbeat change."""
         name = node["metadata"]["name"]
         lease = self.leases.get(f"{LEASE_NAMESPACE}/{name}") or {}
-        ready = next((c for c in (node.get("status") or {}).get("conditions") or []
-                      if c.get("type") == "Ready"), {})
-        marks = ((lease.get("spec") or {}).get("renewTime"), ready.get("lastHeartbeatTime"))
+        ready: Obj = objects.condition(node, Condition.READY) or {}
+        marks = (objects.spec(lease).get("renewTime"), ready.get("lastHeartbeatTime"))
         now = time.monotonic()
         seen = self._heard.get(name)
         if seen is None or seen[0] != marks:
@@ -185,7 +187,7 @@ class NodeLifecycle(Controller):
             return
         opts = self.ctx.options
         silent = self._silent_for(node)
-        ready = condition_status(node, "Ready")
+        ready = objects.condition_status(node, Condition.READY)
         try:
             if silent >= opts.node_monitor_grace_seconds and ready != "Unknown":
                 node = await self._mark_unknown(node)
@@ -217,15 +219,15 @@ class NodeLifecycle(Controller):
         name = node["metadata"]["name"]
         now = rfc3339()
         conditions = []
-        old = (node.get("status") or {}).get("conditions") or []
+        old = objects.status(node).get("conditions") or []
         for c in old:
             c = dict(c)
             if c.get("status") != "Unknown":
                 c["lastTransitionTime"] = now
             c.update(status="Unknown", reason=UNKNOWN_REASON, message=UNKNOWN_MESSAGE)
             conditions.append(c)
-        if not any(c.get("type") == "Ready" for c in conditions):
-            conditions.append({"type": "Ready", "status": "Unknown", "reason": UNKNOWN_REASON,
+        if not any(c.get("type") == Condition.READY for c in conditions):
+            conditions.append({"type": Condition.READY, "status": "Unknown", "reason": UNKNOWN_REASON,
                                "message": NEVER_MESSAGE, "lastTransitionTime": now})
         patch = {"metadata": {"resourceVersion": node["metadata"].get("resourceVersion")},
                  "status": {"conditions": conditions}}
@@ -236,22 +238,26 @@ class NodeLifecycle(Controller):
 
     async def _mark_pods_not_ready(self, node_name: str) -> None:
         for pod in self.pods.list():
-            if (pod.get("spec") or {}).get("nodeName") != node_name or condition_status(pod, "Ready") == "False":
+            if objects.node_name(pod) != node_name or objects.condition_status(pod, Condition.READY) == "False":
                 continue
             md = pod["metadata"]
-            cond = {"type": "Ready", "status": "False", "reason": "NodeNotReady",
+            cond = {"type": Condition.READY, "status": "False", "reason": "NodeNotReady",
                     "lastTransitionTime": rfc3339(), "lastProbeTime": None}
+            # Guarded by the version the informer showed: a pod replaced under its name in
+            # the meantime (a move, a restore elsewhere) is another pod, Ready where it runs.
+            patch = {"metadata": {"resourceVersion": md.get("resourceVersion")}, "status": {"conditions": [cond]}}
             try:
-                await self.client.patch(PODS, md["name"], {"status": {"conditions": [cond]}}, md.get("namespace"),
+                await self.client.patch(PODS, md["name"], patch, md.get("namespace"),
                                         type="strategic", subresource="status")
                 await self.recorder.record(pod, "Warning", "NodeNotReady", "Node is not ready")
             except ApiError as e:
-                if e.code != 404:
+                if e.code not in (404, 409):   # gone, or changed since (replaced: not this pod)
                     log.warning("cannot mark pod %s/%s not ready: %s", md.get("namespace"), md["name"], e)
 
     async def _update_taints(self, node: Obj, ready: str | None) -> Obj:
-        taints = list((node.get("spec") or {}).get("taints") or [])
-        new = with_lifecycle_taints(taints, ready, time.time())
+        taints = list(objects.spec(node).get("taints") or [])
+        new = with_lifecycle_taints(taints, ready, time.time(),
+                                    objects.condition_status(node, Condition.MEMORY_PRESSURE))
         if new is None:
             return node
         patch = {"metadata": {"resourceVersion": node["metadata"].get("resourceVersion")},
@@ -261,16 +267,16 @@ class NodeLifecycle(Controller):
     # --- evictions ------------------------------------------------------------
     async def _evict_pods(self, node: Obj) -> None:
         name = node["metadata"]["name"]
-        taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("effect") == "NoExecute"]
+        taints = [t for t in objects.spec(node).get("taints") or [] if t.get("effect") == Effect.NO_EXECUTE]
         if not taints:
             return
         now = time.time()
         soonest = None
         for pod in self.pods.list():
-            md = pod.get("metadata") or {}
-            if (pod.get("spec") or {}).get("nodeName") != name or md.get("uid") in self._evicting:
+            md = objects.meta(pod)
+            if objects.spec(pod).get("nodeName") != name or md.get("uid") in self._evicting:
                 continue
-            if md.get("deletionTimestamp") and condition_status(node, "Ready") != "Unknown":
+            if md.get("deletionTimestamp") and objects.condition_status(node, Condition.READY) != "Unknown":
                 continue  # being deleted; its kubelet confirms it
             deadline = eviction_deadline(pod, taints, self.ctx.options.pod_eviction_timeout_seconds, now)
             if deadline is None:
@@ -298,7 +304,7 @@ class NodeLifecycle(Controller):
         the scheduler binds anew and that restores from the latest such checkpoint
         (owned or not).  Returns whether it was."""
         md = pod["metadata"]
-        if movability.policy(pod) == "Never":
+        if movability.policy(pod) == Policy.NEVER:
             return False
         latest = latest_periodic(self.checkpoints.list(), md.get("namespace", ""), md["name"])
         if latest is None:
@@ -329,7 +335,7 @@ class NodeLifecycle(Controller):
         md = pod["metadata"]
         if await self._restore_elsewhere(pod, node):
             return
-        force = condition_status(node, "Ready") != "False"
+        force = objects.condition_status(node, Condition.READY) != "False"
         try:
             await self.client.delete(PODS, md["name"], md.get("namespace"), uid=md.get("uid"),
                                      grace_period=0 if force else None)

@@ -16,36 +16,36 @@ import secrets
 import time
 from typing import Any
 
-from .. import movability
+from .. import movability, objects
 from ..client import CHECKPOINTS, PODS, ApiError
+from ..terms import API_VERSION, Annotation, CheckpointAction, CheckpointPhase, Label, PodPhase, Policy, Trigger
 from .base import Controller, split_key
-from .podutil import parse_time
 
 log = logging.getLogger("kube32.periodic")
 Obj = dict[str, Any]
-IN_PROGRESS = ("Pending", "Saving")
+IN_PROGRESS = (CheckpointPhase.PENDING, CheckpointPhase.SAVING)
 
 
 def _periodic_of(checkpoints: list[Obj], ns: str, pod: str) -> list[Obj]:
     return [c for c in checkpoints
-            if (c["metadata"].get("labels") or {}).get(movability.TRIGGER) == "periodic"
-            and c["metadata"].get("namespace") == ns and (c.get("spec") or {}).get("podName") == pod]
+            if objects.labels(c).get(Label.TRIGGER) == Trigger.PERIODIC
+            and c["metadata"].get("namespace") == ns and objects.spec(c).get("podName") == pod]
 
 
 def _taken(ck: Obj) -> float:
-    t = parse_time((ck.get("status") or {}).get("takenAt") or ck["metadata"].get("creationTimestamp"))
+    t = objects.parse_time(objects.status(ck).get("takenAt") or ck["metadata"].get("creationTimestamp"))
     return t.timestamp() if t else 0.0
 
 
 def _created(ck: Obj) -> float:
-    t = parse_time(ck["metadata"].get("creationTimestamp"))
+    t = objects.parse_time(ck["metadata"].get("creationTimestamp"))
     return t.timestamp() if t else 0.0
 
 
 def latest_periodic(checkpoints: list[Obj], ns: str, pod: str) -> Obj | None:
     """The newest Saved periodic checkpoint of a pod that still has its data."""
     saved = [c for c in _periodic_of(checkpoints, ns, pod)
-             if (c.get("status") or {}).get("phase") == "Saved" and (c.get("status") or {}).get("sizeBytes")]
+             if objects.phase(c) == CheckpointPhase.SAVED and objects.status(c).get("sizeBytes")]
     return max(saved, key=_taken, default=None)
 
 
@@ -66,20 +66,20 @@ class PeriodicCheckpoints(Controller):
         gone: checkpoints may have to go): every other pod event is none of this controller's
         business, and a drain or a status storm makes thousands of them."""
         asked = any(k in ((o or {}).get("metadata", {}).get("annotations") or {})
-                    for o in (pod, old) for k in (movability.CHECKPOINT_INTERVAL, movability.RESTORE_FROM))
+                    for o in (pod, old) for k in (Annotation.CHECKPOINT_INTERVAL, Annotation.RESTORE_FROM))
         if asked or etype == "DELETED":
             self._enqueue(pod["metadata"].get("namespace", ""), pod["metadata"]["name"])
 
     def _on_checkpoint(self, etype: str, ck: Obj, old: Obj | None) -> None:
-        if (ck["metadata"].get("labels") or {}).get(movability.TRIGGER) == "periodic":
-            self._enqueue(ck["metadata"].get("namespace", ""), (ck.get("spec") or {}).get("podName", ""))
+        if objects.labels(ck).get(Label.TRIGGER) == Trigger.PERIODIC:
+            self._enqueue(ck["metadata"].get("namespace", ""), objects.spec(ck).get("podName", ""))
 
     def _enqueue(self, ns: str, name: str) -> None:
         self.queue.add(f"{ns}/{name}")
 
     async def resync(self) -> None:
         for pod in self.pods.list():
-            if movability.CHECKPOINT_INTERVAL in (pod["metadata"].get("annotations") or {}):
+            if Annotation.CHECKPOINT_INTERVAL in objects.annotations(pod):
                 self._enqueue(pod["metadata"]["namespace"], pod["metadata"]["name"])
 
     async def sync(self, key: Any) -> None:
@@ -94,7 +94,7 @@ class PeriodicCheckpoints(Controller):
         interval = self._interval(pod)
         if interval is None:
             return
-        if any((c.get("status") or {}).get("phase") in IN_PROGRESS for c in mine):
+        if any(objects.phase(c) in IN_PROGRESS for c in mine):
             return  # the one under way is this interval's
         last = max((_created(c) for c in mine), default=0.0)
         due = last + interval - time.time()
@@ -105,16 +105,16 @@ class PeriodicCheckpoints(Controller):
             self.queue.add_after(key, min(interval, 5.0))
             return
         await self.client.create(CHECKPOINTS, {
-            "apiVersion": "kube32.io/v1", "kind": "Checkpoint",
+            "apiVersion": API_VERSION, "kind": "Checkpoint",
             "metadata": {"name": f"{name[:40]}-periodic-{int(time.time())}-{secrets.token_hex(2)}", "namespace": ns,
-                         "labels": {movability.TRIGGER: "periodic"}},
-            "spec": {"podName": name, "action": "Save"}}, ns)
+                         "labels": {Label.TRIGGER: Trigger.PERIODIC}},
+            "spec": {"podName": name, "action": CheckpointAction.SAVE}}, ns)
         self.queue.add_after(key, interval)
 
     @staticmethod
     def _interval(pod: Obj) -> float | None:
-        value = (pod["metadata"].get("annotations") or {}).get(movability.CHECKPOINT_INTERVAL)
-        if value is None or movability.policy(pod) == "Never":
+        value = objects.annotations(pod).get(Annotation.CHECKPOINT_INTERVAL)
+        if value is None or movability.policy(pod) == Policy.NEVER:
             return None
         try:
             return movability.parse_interval(str(value))
@@ -123,8 +123,8 @@ class PeriodicCheckpoints(Controller):
 
     @staticmethod
     def _running(pod: Obj) -> bool:
-        status = pod.get("status") or {}
-        return (status.get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+        status = objects.status(pod)
+        return (status.get("phase") == PodPhase.RUNNING and not pod["metadata"].get("deletionTimestamp")
                 and all(cs.get("ready") for cs in status.get("containerStatuses") or [{}]))
 
     async def _retain(self, pod: Obj | None, ns: str, name: str, mine: list[Obj]) -> None:
@@ -134,14 +134,14 @@ class PeriodicCheckpoints(Controller):
         if pod is not None:
             latest = latest_periodic(mine, ns, name)
             since = _taken(latest) if latest else 0.0
-            failed = sorted((c for c in mine if (c.get("status") or {}).get("phase") == "Failed"
+            failed = sorted((c for c in mine if objects.phase(c) == CheckpointPhase.FAILED
                              and _created(c) > since), key=_created)
-            keep = {c["metadata"]["name"] for c in mine if (c.get("status") or {}).get("phase") in IN_PROGRESS}
+            keep = {c["metadata"]["name"] for c in mine if objects.phase(c) in IN_PROGRESS}
             keep |= {c["metadata"]["name"] for c in ([latest] if latest else []) + failed[-1:]}
         doomed = [ck for ck in mine if ck["metadata"]["name"] not in keep]
         if not doomed:
             return
-        named = {(p["metadata"].get("annotations") or {}).get(movability.RESTORE_FROM)
+        named = {objects.annotations(p).get(Annotation.RESTORE_FROM)
                  for p in self.pods.list() if p["metadata"].get("namespace") == ns}
         for ck in doomed:
             if ck["metadata"]["name"] in named:

@@ -23,18 +23,19 @@ import logging
 import time
 from typing import Any
 
+from .. import objects
 from ..client import CHECKPOINTS, NODES, PODS, ApiError
+from ..terms import Condition
 from .base import Controller, split_key
 from .checkpoint import replaced_by_move
 from .nodelifecycle import parse_time
-from .scheduler import condition_status
 
 log = logging.getLogger("kube32.podgc")
 Obj = dict[str, Any]
 
 
 def grace_over(pod: Obj, now: float) -> bool:
-    md = pod.get("metadata") or {}
+    md = objects.meta(pod)
     started = parse_time(md.get("deletionTimestamp"))
     if started is None:
         return False
@@ -65,21 +66,21 @@ class PodGC(Controller):
                     self.queue.add(f"{md.get('namespace')}/{md['name']}")
 
     def _note_missing_nodes(self) -> None:
-        wanted = {(p.get("spec") or {}).get("nodeName") for p in self.pods.list()} - {None, ""}
+        wanted = {n for p in self.pods.list() if (n := objects.node_name(p))}
         missing = {n for n in wanted if self.nodes.get(n) is None}
         now = time.monotonic()
         self._missing_since = {n: self._missing_since.get(n, now) for n in missing}
 
     def _candidate(self, pod: Obj, now: float) -> bool:
-        node_name = (pod.get("spec") or {}).get("nodeName")
+        node_name = objects.spec(pod).get("nodeName")
         if not node_name or replaced_by_move(self.checkpoints, pod):
             return False
         node = self.nodes.get(node_name)
         if node is None:
             since = self._missing_since.get(node_name)
             return since is not None and time.monotonic() - since >= self.ctx.options.node_monitor_grace_seconds
-        return (bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-                and condition_status(node, "Ready") != "True" and grace_over(pod, now))
+        return (bool(objects.meta(pod).get("deletionTimestamp"))
+                and objects.condition_status(node, Condition.READY) != "True" and grace_over(pod, now))
 
     async def sync(self, key: Any) -> None:
         ns, name = split_key(str(key))

@@ -1,4 +1,4 @@
-"""Helpers shared by the workload controllers: pods, owners, selectors, templates, expectations.
+"""Helpers shared by the workload controllers: pods, owners, templates, expectations (selectors: kube32.matching).
 
 Everything here works on plain dicts (API objects as the informers cache them)
 and never talks to the API server.  Invariants the controllers rely on:
@@ -21,112 +21,54 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
-from .. import movability
+from .. import objects
+from ..terms import Annotation, Condition, Label, PodPhase, PodReason
 
 
 Obj = dict[str, Any]
 
-POD_TEMPLATE_HASH = "pod-template-hash"
+POD_TEMPLATE_HASH = Label.POD_TEMPLATE_HASH
 SAFE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # k8s rand.SafeEncodeString: no vowels, no 0/1/3
 
 
 # --- metadata -------------------------------------------------------------------
-def md(obj: Obj) -> Obj:
-    return obj.get("metadata") or {}
 
 
 def pod_key(obj: Obj) -> str:
-    m = md(obj)
+    m = objects.meta(obj)
     return f"{m.get('namespace', 'default')}/{m.get('name', '')}"
 
 
-def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 
-def rfc3339(t: dt.datetime | None = None) -> str:
-    return (t or now()).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse_time(text: str | None) -> dt.datetime | None:
-    if not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
-def controller_ref(obj: Obj) -> Obj | None:
-    for ref in md(obj).get("ownerReferences") or []:
-        if isinstance(ref, dict) and ref.get("controller"):
-            return ref
-    return None
 
 
 def owner_reference(owner: Obj, api_version: str, kind: str) -> Obj:
     """The controller reference a child of ``owner`` carries (GC deletes it with the owner)."""
-    return {"apiVersion": api_version, "kind": kind, "name": md(owner)["name"],
-            "uid": md(owner)["uid"], "controller": True, "blockOwnerDeletion": True}
+    return {"apiVersion": api_version, "kind": kind, "name": objects.meta(owner)["name"],
+            "uid": objects.meta(owner)["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
 def is_controlled_by(obj: Obj, owner: Obj) -> bool:
-    ref = controller_ref(obj)
-    return ref is not None and ref.get("uid") == md(owner).get("uid")
-
-
-# --- selectors --------------------------------------------------------------------
-def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str] | None) -> bool:
-    """A metav1.LabelSelector; an empty or missing selector matches nothing (as controllers treat it)."""
-    if not selector:
-        return False
-    labels = labels or {}
-    ml = selector.get("matchLabels") or {}
-    exprs = selector.get("matchExpressions") or []
-    if not ml and not exprs:
-        return False
-    if any(labels.get(k) != v for k, v in ml.items()):
-        return False
-    return all(_expression_matches(e, labels) for e in exprs)
-
-
-def _expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op, values = expr.get("key", ""), expr.get("operator", ""), expr.get("values") or []
-    if op == "In":
-        return key in labels and labels[key] in values
-    if op == "NotIn":
-        return key not in labels or labels[key] not in values
-    if op == "Exists":
-        return key in labels
-    if op == "DoesNotExist":
-        return key not in labels
-    return False  # an unknown operator selects nothing rather than everything
-
-
-def map_selector_matches(selector: Mapping[str, str] | None, labels: Mapping[str, str] | None) -> bool:
-    """A Service's plain ``spec.selector`` map (empty = none; Services without one are user-managed)."""
-    if not selector:
-        return False
-    labels = labels or {}
-    return all(labels.get(k) == v for k, v in selector.items())
+    ref = objects.controller_ref(obj)
+    return ref is not None and ref.get("uid") == objects.meta(owner).get("uid")
 
 
 # --- pod state --------------------------------------------------------------------
-def pod_condition(pod: Obj, ctype: str) -> Obj | None:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == ctype:
-            return c
-    return None
 
 
 def is_terminating(pod: Obj) -> bool:
-    return bool(md(pod).get("deletionTimestamp"))
+    return bool(objects.meta(pod).get("deletionTimestamp"))
 
 
 def is_terminal(pod: Obj) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    return objects.phase(pod) in PodPhase.TERMINAL
 
 
 def awaits_replacement(pod: Obj) -> bool:
@@ -134,8 +76,8 @@ def awaits_replacement(pod: Obj) -> bool:
     control plane replaces it under its name in one write - a move's rollback to its
     source, or the same pod started afresh (kube32.controllers.checkpoint, .restore) - so
     it is still the one pod its owner counts, not a finished one to make up for."""
-    return (pod.get("status") or {}).get("phase") == "Failed" and \
-        movability.RESTORE_FROM in (md(pod).get("annotations") or {})
+    return objects.phase(pod) == PodPhase.FAILED and \
+        Annotation.RESTORE_FROM in objects.annotations(pod)
 
 
 def is_active(pod: Obj) -> bool:
@@ -146,16 +88,16 @@ def is_active(pod: Obj) -> bool:
 
 def all_running(pod: Obj) -> bool:
     """Phase Running with every container's state ``running`` (and at least one container)."""
-    status = pod.get("status") or {}
+    status = objects.status(pod)
     states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
-    return status.get("phase") == "Running" and bool(states) and all("running" in s for s in states)
+    return status.get("phase") == PodPhase.RUNNING and bool(states) and all("running" in s for s in states)
 
 
 def failure(pod: Obj) -> str | None:
     """Why a pod that has not been seen running failed, or None: the pod is Failed, or a
     container ended, or was restarted after it ended (a crash loop shows the ended try
     only in ``lastState``).  The message is the container's, else the pod's."""
-    status = pod.get("status") or {}
+    status = objects.status(pod)
     for cs in status.get("containerStatuses") or []:
         for st in (cs.get("state") or {}, cs.get("lastState") or {}):
             ended = st.get("terminated")
@@ -163,13 +105,25 @@ def failure(pod: Obj) -> str | None:
                 return ended.get("message") or ended.get("reason") or "the container ended"
         if int(cs.get("restartCount") or 0) > 0:
             return ((cs.get("state") or {}).get("waiting") or {}).get("message") or "the container restarted"
-    if status.get("phase") == "Failed":
+    if status.get("phase") == PodPhase.FAILED:
         return status.get("message") or status.get("reason") or "the pod failed"
     return None
 
 
+def rejected_at_admission(pod: Obj) -> str | None:
+    """Why the pod's node refused to run it (the kubelet's admission: Failed with reason
+    ``OutOf<resource>``, no container ever made there), or None.  Nothing of the pod ran,
+    so a restore it was to make has not been tried: another node can make it."""
+    status = objects.status(pod)
+    reason = str(status.get("reason") or "")
+    if status.get("phase") != PodPhase.FAILED or not reason.startswith(PodReason.OUT_OF) \
+            or status.get("containerStatuses"):
+        return None
+    return status.get("message") or reason
+
+
 def is_ready(pod: Obj) -> bool:
-    c = pod_condition(pod, "Ready")
+    c = objects.condition(pod, Condition.READY)
     return c is not None and c.get("status") == "True"
 
 
@@ -179,20 +133,20 @@ def is_available(pod: Obj, min_ready_seconds: int, at: dt.datetime | None = None
         return False
     if min_ready_seconds <= 0:
         return True
-    since = parse_time((pod_condition(pod, "Ready") or {}).get("lastTransitionTime"))
+    since = objects.parse_time((objects.condition(pod, Condition.READY) or {}).get("lastTransitionTime"))
     if since is None:
         return False
-    return (at or now()) - since >= dt.timedelta(seconds=min_ready_seconds)
+    return (at or objects.now()) - since >= dt.timedelta(seconds=min_ready_seconds)
 
 
 def seconds_until_available(pod: Obj, min_ready_seconds: int) -> float | None:
     """When a Ready pod turns available (None: not Ready, or already available)."""
     if not is_ready(pod) or min_ready_seconds <= 0:
         return None
-    since = parse_time((pod_condition(pod, "Ready") or {}).get("lastTransitionTime"))
+    since = objects.parse_time((objects.condition(pod, Condition.READY) or {}).get("lastTransitionTime"))
     if since is None:
         return None
-    left = (since + dt.timedelta(seconds=min_ready_seconds) - now()).total_seconds()
+    left = (since + dt.timedelta(seconds=min_ready_seconds) - objects.now()).total_seconds()
     return left if left > 0 else None
 
 
@@ -203,18 +157,19 @@ def deletion_rank(pod: Obj) -> tuple:
     not-ready before ready, ready for less time first, more restarts first,
     newer before older; the name breaks ties so the order is deterministic.
     """
-    status = pod.get("status") or {}
-    phase_rank = {"Pending": 0, "Unknown": 1, "Running": 2}.get(status.get("phase", "Pending"), 0)
-    ready_since = parse_time((pod_condition(pod, "Ready") or {}).get("lastTransitionTime"))
+    status = objects.status(pod)
+    rank_of = {PodPhase.PENDING: 0, PodPhase.UNKNOWN: 1, PodPhase.RUNNING: 2}
+    phase_rank = rank_of.get(status.get("phase", PodPhase.PENDING), 0)
+    ready_since = objects.parse_time((objects.condition(pod, Condition.READY) or {}).get("lastTransitionTime"))
     restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
-    created = parse_time(md(pod).get("creationTimestamp"))
-    return (1 if (pod.get("spec") or {}).get("nodeName") else 0,
+    created = objects.parse_time(objects.meta(pod).get("creationTimestamp"))
+    return (1 if objects.spec(pod).get("nodeName") else 0,
             phase_rank,
             1 if is_ready(pod) else 0,
             -(ready_since.timestamp() if ready_since and is_ready(pod) else 0),
             -restarts,
             -(created.timestamp() if created else 0),
-            md(pod).get("name", ""))
+            objects.meta(pod).get("name", ""))
 
 
 # --- templates --------------------------------------------------------------------
@@ -230,7 +185,7 @@ def safe_encode(digest: bytes, length: int) -> str:
 def template_hash(template: Obj, collision_count: int = 0) -> str:
     """A short stable hash of a pod template (labels with ``pod-template-hash`` ignored)."""
     t = copy.deepcopy(template or {})
-    labels = (t.get("metadata") or {}).get("labels")
+    labels = objects.meta(t).get("labels")
     if isinstance(labels, dict):
         labels.pop(POD_TEMPLATE_HASH, None)
     text = json.dumps(t, sort_keys=True, separators=(",", ":"))
@@ -244,7 +199,7 @@ def templates_equal_ignoring_hash(a: Obj | None, b: Obj | None) -> bool:
     def strip(t: Obj | None) -> Obj:
         t = copy.deepcopy(t or {})
         t.setdefault("metadata", {})
-        labels = dict(t["metadata"].get("labels") or {})
+        labels = dict(objects.labels(t))
         labels.pop(POD_TEMPLATE_HASH, None)
         t["metadata"]["labels"] = labels
         for k in ("creationTimestamp",):
@@ -258,9 +213,9 @@ def templates_equal_ignoring_hash(a: Obj | None, b: Obj | None) -> bool:
 def pod_from_template(template: Obj, owner: Obj, api_version: str, kind: str, *,
                       generate_name: str | None = None) -> Obj:
     """A new pod for ``owner``: the template's labels, annotations and spec, owned by it."""
-    tmd = (template or {}).get("metadata") or {}
-    meta: Obj = {"generateName": generate_name or f"{md(owner)['name']}-",
-                 "namespace": md(owner).get("namespace", "default"),
+    tmd = objects.meta(template)
+    meta: Obj = {"generateName": generate_name or f"{objects.meta(owner)['name']}-",
+                 "namespace": objects.meta(owner).get("namespace", "default"),
                  "labels": dict(tmd.get("labels") or {}),
                  "ownerReferences": [owner_reference(owner, api_version, kind)]}
     if tmd.get("annotations"):
@@ -268,7 +223,7 @@ def pod_from_template(template: Obj, owner: Obj, api_version: str, kind: str, *,
     if tmd.get("finalizers"):
         meta["finalizers"] = list(tmd["finalizers"])
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": copy.deepcopy((template or {}).get("spec") or {})}
+            "spec": copy.deepcopy(objects.spec(template))}
 
 
 # --- expectations -------------------------------------------------------------------
@@ -334,10 +289,24 @@ class Expectations:
 
 def owner_key_of(pod: Obj, kind: str) -> str | None:
     """``namespace/name`` of the pod's controller when it is of ``kind``."""
-    ref = controller_ref(pod)
+    ref = objects.controller_ref(pod)
     if ref is None or ref.get("kind") != kind:
         return None
-    return f"{md(pod).get('namespace', 'default')}/{ref.get('name', '')}"
+    return f"{objects.meta(pod).get('namespace', 'default')}/{ref.get('name', '')}"
+
+
+def observe_pod(expectations: "Expectations", etype: str, pod: Obj, old: Obj | None, kind: str) -> set[str]:
+    """A pod event as a controller of ``kind`` counts it (replica_set.go's addPod/
+    deletePod): the creation or deletion it expected is observed; returns the owners to
+    sync (the pod's controller now and, when it changed, before)."""
+    what = pod_event_kind(etype, pod, old)
+    owner = owner_key_of(pod, kind)
+    if what == "added" and owner:
+        expectations.creation_observed(owner)
+    elif what == "deleted" and owner:
+        expectations.deletion_observed(owner, pod_key(pod))
+    old_owner = owner_key_of(old, kind) if old else None
+    return {k for k in (owner, old_owner) if k}
 
 
 def pod_event_kind(etype: str, pod: Obj, old: Obj | None) -> str:
@@ -351,7 +320,7 @@ def pod_event_kind(etype: str, pod: Obj, old: Obj | None) -> str:
         return "deleted" if is_terminating(pod) else "added"
     if etype == "DELETED":
         return "deleted"
-    if old is not None and md(old).get("uid") and md(pod).get("uid") != md(old).get("uid"):
+    if old is not None and objects.uid(old) and objects.uid(pod) != objects.uid(old):
         return "replaced"
     if is_terminating(pod) and (old is None or not is_terminating(old)):
         return "deleted"

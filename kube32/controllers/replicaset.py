@@ -24,7 +24,9 @@ import asyncio
 import logging
 from typing import Any
 
+from .. import objects
 from ..client import PODS, REPLICASETS, ApiError
+from ..matching import workload_selects
 from . import podutil as pu
 from .base import Controller, split_key
 
@@ -54,31 +56,24 @@ class ReplicaSetController(Controller):
         self.queue.add(key)
 
     def _on_pod(self, etype: str, pod: Obj, old: Obj | None) -> None:
-        what = pu.pod_event_kind(etype, pod, old)
-        owner = pu.owner_key_of(pod, "ReplicaSet")
-        if what == "added" and owner:
-            self.expectations.creation_observed(owner)
-        elif what == "deleted" and owner:
-            self.expectations.deletion_observed(owner, pu.pod_key(pod))
-        old_owner = pu.owner_key_of(old, "ReplicaSet") if old else None
-        for k in {owner, old_owner} - {None}:
+        for k in pu.observe_pod(self.expectations, etype, pod, old, "ReplicaSet"):
             self.queue.add(k)
+        what, owner = pu.pod_event_kind(etype, pod, old), pu.owner_key_of(pod, "ReplicaSet")
         if owner is None and what != "deleted":
             for rs in self._matching_sets(pod):
                 self.queue.add(pu.pod_key(rs))
         if old is not None and what == "updated" and not pu.is_ready(old) and pu.is_ready(pod) and owner:
             # minReadySeconds: look again once the pod has been Ready long enough.
-            rs = self.rs_informer.get(owner)
-            mrs = int(((rs or {}).get("spec") or {}).get("minReadySeconds") or 0)
+            mrs = int(objects.spec(self.rs_informer.get(owner)).get("minReadySeconds") or 0)
             if mrs > 0:
                 self.queue.add_after(owner, mrs + 0.05)
 
     def _matching_sets(self, pod: Obj) -> list[Obj]:
-        ns = pu.md(pod).get("namespace")
-        labels = pu.md(pod).get("labels") or {}
+        ns = objects.meta(pod).get("namespace")
+        labels = objects.labels(pod)
         return [rs for rs in self.rs_informer.list()
-                if pu.md(rs).get("namespace") == ns
-                and pu.selector_matches((rs.get("spec") or {}).get("selector"), labels)]
+                if objects.meta(rs).get("namespace") == ns
+                and workload_selects(objects.spec(rs).get("selector"), labels)]
 
     async def resync(self) -> None:
         for rs in self.rs_informer.list():
@@ -94,7 +89,7 @@ class ReplicaSetController(Controller):
         pods = await self.claim_pods(rs, ns or "default")
         active = [p for p in pods if pu.is_active(p)]
         error: Exception | None = None
-        if self.expectations.satisfied(key) and not pu.md(rs).get("deletionTimestamp"):
+        if self.expectations.satisfied(key) and not objects.meta(rs).get("deletionTimestamp"):
             try:
                 await self.manage_replicas(rs, key, active)
             except Exception as e:  # noqa: BLE001 - status is still written, then retry
@@ -108,15 +103,15 @@ class ReplicaSetController(Controller):
 
     async def claim_pods(self, rs: Obj, ns: str) -> list[Obj]:
         """Owned pods that match, after adopting matching orphans and releasing non-matching ones."""
-        selector = (rs.get("spec") or {}).get("selector")
-        uid = pu.md(rs).get("uid")
+        selector = objects.spec(rs).get("selector")
+        uid = objects.meta(rs).get("uid")
         owned: list[Obj] = []
         for pod in self.pod_informer.list():
-            pmd = pu.md(pod)
-            if pmd.get("namespace") != ns or pu.is_terminal(pod) and not pu.controller_ref(pod):
+            pmd = objects.meta(pod)
+            if pmd.get("namespace") != ns or pu.is_terminal(pod) and not objects.controller_ref(pod):
                 continue
-            ref = pu.controller_ref(pod)
-            matches = pu.selector_matches(selector, pmd.get("labels"))
+            ref = objects.controller_ref(pod)
+            matches = workload_selects(selector, pmd.get("labels"))
             if ref is not None:
                 if ref.get("uid") != uid:
                     continue
@@ -124,34 +119,34 @@ class ReplicaSetController(Controller):
                     owned.append(pod)
                 elif not pu.is_terminating(pod):
                     await self._release(rs, pod)
-            elif matches and not pu.is_terminating(pod) and not pu.md(rs).get("deletionTimestamp"):
+            elif matches and not pu.is_terminating(pod) and not objects.meta(rs).get("deletionTimestamp"):
                 adopted = await self._adopt(rs, pod)
                 if adopted is not None:
                     owned.append(adopted)
         return owned
 
     async def _adopt(self, rs: Obj, pod: Obj) -> Obj | None:
-        refs = list(pu.md(pod).get("ownerReferences") or []) + [pu.owner_reference(rs, RS_API, "ReplicaSet")]
+        refs = list(objects.meta(pod).get("ownerReferences") or []) + [pu.owner_reference(rs, RS_API, "ReplicaSet")]
         try:
-            return await self.client.patch(PODS, pu.md(pod)["name"],
+            return await self.client.patch(PODS, objects.meta(pod)["name"],
                                            {"metadata": {"ownerReferences": refs}},
-                                           pu.md(pod).get("namespace"))
+                                           objects.meta(pod).get("namespace"))
         except ApiError as e:
             if e.code in (404, 409, 422):
                 return None  # gone, replaced or changed meanwhile: the next event brings it back
             raise
 
     async def _release(self, rs: Obj, pod: Obj) -> None:
-        refs = [r for r in pu.md(pod).get("ownerReferences") or [] if r.get("uid") != pu.md(rs).get("uid")]
+        refs = [r for r in objects.meta(pod).get("ownerReferences") or [] if r.get("uid") != objects.uid(rs)]
         try:
-            await self.client.patch(PODS, pu.md(pod)["name"], {"metadata": {"ownerReferences": refs or None}},
-                                    pu.md(pod).get("namespace"))
+            await self.client.patch(PODS, objects.meta(pod)["name"], {"metadata": {"ownerReferences": refs or None}},
+                                    objects.meta(pod).get("namespace"))
         except ApiError as e:
             if e.code not in (404, 409, 422):
                 raise
 
     async def manage_replicas(self, rs: Obj, key: str, active: list[Obj]) -> None:
-        want = int((rs.get("spec") or {}).get("replicas", 1) or 0)
+        want = int(objects.spec(rs).get("replicas", 1) or 0)
         diff = len(active) - want
         if diff < 0:
             await self._create(rs, key, min(-diff, BURST_REPLICAS))
@@ -162,13 +157,13 @@ class ReplicaSetController(Controller):
     async def _create(self, rs: Obj, key: str, count: int) -> None:
         """Slow start as k8s: batches of 1, 2, 4, ... stop at the first failing batch."""
         self.expectations.expect_creations(key, count)
-        template = (rs.get("spec") or {}).get("template") or {}
+        template = objects.spec(rs).get("template") or {}
         created, remaining, batch = 0, count, 1
         first_error: Exception | None = None
         while remaining > 0:
             n = min(batch, remaining)
             pod = pu.pod_from_template(template, rs, RS_API, "ReplicaSet")
-            results = await asyncio.gather(*(self.client.create(PODS, pod, pu.md(rs).get("namespace"))
+            results = await asyncio.gather(*(self.client.create(PODS, pod, objects.meta(rs).get("namespace"))
                                              for _ in range(n)), return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException)]
             for r in results:
@@ -177,10 +172,10 @@ class ReplicaSetController(Controller):
                 else:
                     created += 1
                     await self.recorder.record(rs, "Normal", "SuccessfulCreate",
-                                               f"Created pod: {pu.md(r).get('name')}")
+                                               f"Created pod: {objects.meta(r).get('name')}")
             remaining -= n
             if failed:
-                first_error = failed[0]
+                first_error = failed[0] if isinstance(failed[0], Exception) else RuntimeError(str(failed[0]))
                 for _ in range(remaining):
                     self.expectations.creation_observed(key)
                 await self.recorder.record(rs, "Warning", "FailedCreate", f"Error creating: {first_error}")
@@ -192,18 +187,8 @@ class ReplicaSetController(Controller):
     async def _delete(self, rs: Obj, key: str, victims: list[Obj]) -> None:
         self.expectations.expect_deletions(key, [pu.pod_key(p) for p in victims])
 
-        async def one(pod: Obj) -> None:
-            pmd = pu.md(pod)
-            try:
-                await self.client.delete(PODS, pmd["name"], pmd.get("namespace"), uid=pmd.get("uid"))
-            except ApiError as e:
-                self.expectations.deletion_observed(key, pu.pod_key(pod))
-                if e.code in (404, 409):
-                    return  # already gone or replaced: the next sync counts again
-                await self.recorder.record(rs, "Warning", "FailedDelete", f"Error deleting: {e}")
-                raise
-            await self.recorder.record(rs, "Normal", "SuccessfulDelete", f"Deleted pod: {pmd['name']}")
-        results = await asyncio.gather(*(one(p) for p in victims), return_exceptions=True)
+        results = await asyncio.gather(*(self.delete_pod(rs, key, p, self.expectations) for p in victims),
+                                       return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):
                 raise r
@@ -211,18 +196,18 @@ class ReplicaSetController(Controller):
     # --- status ----------------------------------------------------------------------------
     @staticmethod
     def compute_status(rs: Obj, active: list[Obj]) -> Obj:
-        spec = rs.get("spec") or {}
+        spec = objects.spec(rs)
         tmpl_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
         mrs = int(spec.get("minReadySeconds") or 0)
-        at = pu.now()
-        old = rs.get("status") or {}
+        at = objects.now()
+        old = objects.status(rs)
         status: Obj = {
             "replicas": len(active),
             "fullyLabeledReplicas": sum(1 for p in active if all(
-                (pu.md(p).get("labels") or {}).get(k) == v for k, v in tmpl_labels.items())),
+                objects.labels(p).get(k) == v for k, v in tmpl_labels.items())),
             "readyReplicas": sum(1 for p in active if pu.is_ready(p)),
             "availableReplicas": sum(1 for p in active if pu.is_available(p, mrs, at)),
-            "observedGeneration": pu.md(rs).get("generation", 1),
+            "observedGeneration": objects.meta(rs).get("generation", 1),
         }
         if old.get("conditions"):
             status["conditions"] = old["conditions"]
@@ -230,18 +215,18 @@ class ReplicaSetController(Controller):
 
     async def update_status(self, rs: Obj, active: list[Obj]) -> None:
         status = self.compute_status(rs, active)
-        old = rs.get("status") or {}
+        old = objects.status(rs)
         if all(old.get(k, 0) == v for k, v in status.items() if k != "conditions"):
             return
         try:
-            await self.client.patch(REPLICASETS, pu.md(rs)["name"], {"status": status},
-                                    pu.md(rs).get("namespace"), subresource="status")
+            await self.client.patch(REPLICASETS, objects.meta(rs)["name"], {"status": status},
+                                    objects.meta(rs).get("namespace"), subresource="status")
         except ApiError as e:
             if e.code != 404:
                 raise
 
     @staticmethod
     def _next_availability_check(rs: Obj, active: list[Obj]) -> float | None:
-        mrs = int((rs.get("spec") or {}).get("minReadySeconds") or 0)
+        mrs = int(objects.spec(rs).get("minReadySeconds") or 0)
         waits = [w for p in active if (w := pu.seconds_until_available(p, mrs)) is not None]
         return min(waits) + 0.05 if waits else None

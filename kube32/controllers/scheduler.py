@@ -43,8 +43,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Iterable
 
+from .. import objects
 from ..client import NODES, PODS, ApiError
+from ..matching import node_affinity_matches, tolerated
 from ..podfit import node_allocatable, pod_is_active, pod_requests, shortfalls
+from ..terms import Condition, Effect
 from .base import Controller
 
 log = logging.getLogger("kube32.scheduler")
@@ -52,109 +55,20 @@ Obj = dict[str, Any]
 
 SCHEDULER_NAME = "default-scheduler"
 PASS = "pending-pods"                     # the one work-queue key: "look at every pending pod"
-SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
 REPORT_AGAIN_SECONDS = 60.0              # a FailedScheduling with the same message, at most this often
 
 # --- predicates --------------------------------------------------------------
 
-def condition_status(obj: Obj, ctype: str) -> str | None:
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if isinstance(c, dict) and c.get("type") == ctype:
-            return c.get("status")
-    return None
-
-
 def node_ready(node: Obj) -> bool:
-    return condition_status(node, "Ready") == "True"
-
-
-def toleration_matches(toleration: Obj, taint: Obj) -> bool:
-    """Kubernetes' ToleratesTaint: an empty effect tolerates every effect; an empty key
-    with Exists tolerates every taint."""
-    effect = toleration.get("effect") or ""
-    if effect and effect != taint.get("effect"):
-        return False
-    key = toleration.get("key") or ""
-    if key and key != taint.get("key"):
-        return False
-    op = toleration.get("operator") or "Equal"
-    if op == "Exists":
-        return True
-    if op == "Equal":
-        return bool(key) and (toleration.get("value") or "") == (taint.get("value") or "")
-    return False
-
-
-def tolerates(pod: Obj, taint: Obj) -> bool:
-    return any(toleration_matches(t, taint) for t in (pod.get("spec") or {}).get("tolerations") or []
-               if isinstance(t, dict))
+    return objects.is_true(node, Condition.READY)
 
 
 def untolerated_taint(pod: Obj, node: Obj) -> Obj | None:
-    for taint in (node.get("spec") or {}).get("taints") or []:
-        if isinstance(taint, dict) and taint.get("effect") in SCHEDULING_EFFECTS and not tolerates(pod, taint):
+    tolerations = objects.spec(pod).get("tolerations")
+    for taint in objects.spec(node).get("taints") or []:
+        if isinstance(taint, dict) and taint.get("effect") in Effect.SCHEDULING and not tolerated(tolerations, taint):
             return taint
     return None
-
-
-def _requirement_matches(req: Obj, value: str | None) -> bool:
-    op, values = req.get("operator"), [str(v) for v in req.get("values") or []]
-    if op == "In":
-        return value is not None and value in values
-    if op == "NotIn":
-        return value is None or value not in values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if op in ("Gt", "Lt"):
-        try:
-            have, want = int(value), int(values[0])  # type: ignore[arg-type]
-        except (TypeError, ValueError, IndexError):
-            return False
-        return have > want if op == "Gt" else have < want
-    return False
-
-
-def node_selector_term_matches(term: Obj, node: Obj) -> bool:
-    """A nodeSelectorTerm: all matchExpressions (labels) and matchFields (metadata.name).
-    An empty term matches nothing, as in Kubernetes."""
-    exprs = [e for e in term.get("matchExpressions") or [] if isinstance(e, dict)]
-    fields = [e for e in term.get("matchFields") or [] if isinstance(e, dict)]
-    if not exprs and not fields:
-        return False
-    md = node.get("metadata") or {}
-    labels = md.get("labels") or {}
-    for e in exprs:
-        if not _requirement_matches(e, labels.get(e.get("key", ""))):
-            return False
-    for e in fields:
-        value = md.get("name") if e.get("key") == "metadata.name" else None
-        if not _requirement_matches(e, value):
-            return False
-    return True
-
-
-def matches_node_selection(pod: Obj, node: Obj, extra_node_selector: dict[str, str] | None = None) -> bool:
-    spec = pod.get("spec") or {}
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    selector = {**(spec.get("nodeSelector") or {}), **(extra_node_selector or {})}
-    if any(labels.get(k) != v for k, v in selector.items()):
-        return False
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution"))
-    if required is None:
-        return True
-    terms = [t for t in (required.get("nodeSelectorTerms") or []) if isinstance(t, dict)]
-    return any(node_selector_term_matches(t, node) for t in terms)
-
-
-def _uid(obj: Obj) -> str:
-    return (obj.get("metadata") or {}).get("uid", "")
-
-
-def _name(obj: Obj) -> str:
-    return (obj.get("metadata") or {}).get("name", "")
 
 
 @dataclass(frozen=True)
@@ -166,8 +80,8 @@ class NodeUsage:
 def usage_by_node(pods: Iterable[Obj], skip_uid: str = "") -> dict[str, NodeUsage]:
     acc: dict[str, tuple[dict[str, Fraction], list[Obj]]] = {}
     for p in pods:
-        node = (p.get("spec") or {}).get("nodeName")
-        if not node or not pod_is_active(p) or (skip_uid and _uid(p) == skip_uid):
+        node = objects.spec(p).get("nodeName")
+        if not node or not pod_is_active(p) or (skip_uid and objects.uid(p) == skip_uid):
             continue
         req, members = acc.setdefault(node, ({}, []))
         for k, v in pod_requests(p).items():
@@ -183,22 +97,35 @@ def _format_taint(taint: Obj) -> str:
 def node_misfits(pod: Obj, node: Obj, usage: NodeUsage | None,
                  extra_node_selector: dict[str, str] | None = None) -> list[str]:
     """Why the pod cannot go to this node (empty: it fits)."""
-    if (node.get("spec") or {}).get("unschedulable"):
+    if objects.spec(node).get("unschedulable"):
         return ["node(s) were unschedulable"]
     taint = untolerated_taint(pod, node)
     if taint is not None:
         return [f"node(s) had untolerated taint {_format_taint(taint)}"]
     if not node_ready(node):
         return ["node(s) were not ready"]
-    if not matches_node_selection(pod, node, extra_node_selector):
+    if not node_affinity_matches(objects.spec(pod), node, extra_node_selector):
         return ["node(s) didn't match Pod's node affinity/selector"]
+    return room_misfits(pod, node, usage)
+
+
+def room_misfits(pod: Obj, node: Obj, usage: NodeUsage | None) -> list[str]:
+    """Why the node has no room for the pod beside the pods bound there (empty: it has):
+    filter 6 alone, which the kubelet's admission checks too.  A rollback to a cordoned
+    source asks only this."""
     usage = usage or NodeUsage({}, ())
     return ["Too many pods" if short.resource == "pods" else f"Insufficient {short.resource}"
             for short in shortfalls(pod, node_allocatable(node), usage.requested, len(usage.pods))]
 
 
+def room_on(pod: Obj, node: Obj, pods: Iterable[Obj]) -> list[str]:
+    """:func:`room_misfits` on ``node`` beside those of ``pods`` bound there (the pod
+    itself, by uid, aside)."""
+    return room_misfits(pod, node, usage_by_node(pods, skip_uid=objects.uid(pod)).get(objects.name(node)))
+
+
 def _owner_uid(pod: Obj) -> str | None:
-    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    refs = objects.meta(pod).get("ownerReferences") or []
     ctrl = next((r for r in refs if isinstance(r, dict) and r.get("controller")), None)
     ref = ctrl or (refs[0] if refs and isinstance(refs[0], dict) else None)
     return ref.get("uid") if ref else None
@@ -210,10 +137,10 @@ def _siblings(pod: Obj, usage: NodeUsage | None) -> int:
     owner = _owner_uid(pod)
     if owner:
         return sum(1 for p in usage.pods if _owner_uid(p) == owner)
-    labels = (pod.get("metadata") or {}).get("labels") or {}
+    labels = objects.labels(pod)
     if not labels:
         return 0
-    return sum(1 for p in usage.pods if ((p.get("metadata") or {}).get("labels") or {}) == labels)
+    return sum(1 for p in usage.pods if objects.labels(p) == labels)
 
 
 def _memory_fraction(node: Obj, usage: NodeUsage | None) -> Fraction:
@@ -239,11 +166,11 @@ def pick_node(pod: Obj, nodes: list[Obj], pods: list[Obj],
     ``pods`` are the pods in the cluster (those with ``spec.nodeName`` count on their
     node; the pod itself, by uid, does not).  ``extra_node_selector`` is added to the
     pod's own nodeSelector; nodes named in ``exclude`` are never chosen.  Pure."""
-    usage = usage_by_node(pods, skip_uid=_uid(pod))
+    usage = usage_by_node(pods, skip_uid=objects.uid(pod))
     reasons: dict[str, int] = {}
     fits: list[tuple[int, Fraction, str]] = []
     for node in nodes:
-        name = _name(node)
+        name = objects.name(node)
         if name in exclude:
             why = ["node(s) were excluded"]
         else:
@@ -256,20 +183,21 @@ def pick_node(pod: Obj, nodes: list[Obj], pods: list[Obj],
     if not fits:
         return None, fit_error(len(nodes), reasons)
     best = min(fits)[2]
-    return best, f"Successfully assigned {(pod.get('metadata') or {}).get('namespace', 'default')}/{_name(pod)} to {best}"
+    ns = objects.namespace(pod) or "default"
+    return best, f"Successfully assigned {ns}/{objects.name(pod)} to {best}"
 
 
 # --- the control loop -------------------------------------------------------------
 
 def wants_scheduling(pod: Obj) -> bool:
-    spec, md = pod.get("spec") or {}, pod.get("metadata") or {}
+    spec, md = objects.spec(pod), objects.meta(pod)
     return (not spec.get("nodeName") and not md.get("deletionTimestamp")
             and (spec.get("schedulerName") or SCHEDULER_NAME) == SCHEDULER_NAME
             and pod_is_active(pod))
 
 
 def _creation_order(pod: Obj) -> tuple[str, str, str]:
-    md = pod.get("metadata") or {}
+    md = objects.meta(pod)
     return (md.get("creationTimestamp", ""), md.get("namespace", ""), md.get("name", ""))
 
 
@@ -295,7 +223,8 @@ class Scheduler(Controller):
 
     def _on_pod(self, etype: str, pod: Obj, old: Obj | None) -> None:
         # Pending pods need a pass; a pod leaving a node (deleted, finished) frees room.
-        if etype == "DELETED" or wants_scheduling(pod) or (old is not None and pod_is_active(old) != pod_is_active(pod)):
+        if etype == "DELETED" or wants_scheduling(pod) or \
+                (old is not None and pod_is_active(old) != pod_is_active(pod)):
             self.queue.add(PASS)
 
     async def resync(self) -> None:
@@ -306,11 +235,11 @@ class Scheduler(Controller):
         out = []
         live = set()
         for p in self.pods.list():
-            uid = _uid(p)
+            uid = objects.uid(p)
             live.add(uid)
             node = self._assumed.get(uid)
-            if node and not (p.get("spec") or {}).get("nodeName"):
-                p = {**p, "spec": {**(p.get("spec") or {}), "nodeName": node}}
+            if node and not objects.spec(p).get("nodeName"):
+                p = {**p, "spec": {**objects.spec(p), "nodeName": node}}
             elif node:
                 self._assumed.pop(uid, None)
             out.append(p)
@@ -325,7 +254,7 @@ class Scheduler(Controller):
 
     async def sync(self, key: Any) -> None:
         pods = self.placed_pods()
-        pending = sorted((p for p in pods if wants_scheduling(p) and _uid(p) not in self._assumed),
+        pending = sorted((p for p in pods if wants_scheduling(p) and objects.uid(p) not in self._assumed),
                          key=_creation_order)
         failed = None
         for pod in pending:
@@ -333,7 +262,7 @@ class Scheduler(Controller):
                 await self.schedule_one(pod, pods)
             except ApiError as e:
                 failed = e
-        live = {_uid(p) for p in pods}
+        live = {objects.uid(p) for p in pods}
         for uid in [u for u in self._reported if u not in live]:
             self._reported.pop(uid, None)
         if failed is not None:
@@ -357,6 +286,7 @@ class Scheduler(Controller):
                 return
             raise
         self._assumed[md["uid"]] = node
+        log.info("bound %s/%s to %s", md.get("namespace"), md["name"], node)  # as kube-scheduler's V(2)
         pods.append({**pod, "spec": {**pod["spec"], "nodeName": node}})
         self._reported.pop(md["uid"], None)
         await self.recorder.record(pod, "Normal", "Scheduled", message)
@@ -373,7 +303,7 @@ class Scheduler(Controller):
         await self._set_condition(pod, "False", "Unschedulable", message)
 
     async def _set_condition(self, pod: Obj, status: str, reason: str | None, message: str | None) -> None:
-        cond: Obj = {"type": "PodScheduled", "status": status, "lastProbeTime": None,
+        cond: Obj = {"type": Condition.POD_SCHEDULED, "status": status, "lastProbeTime": None,
                      "lastTransitionTime": _now()}
         if reason:
             cond["reason"] = reason

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .. import objects
 from ..client import NAMESPACES, SERVICEACCOUNTS, ApiError
 from .base import Controller
 
@@ -39,7 +40,7 @@ class ServiceAccountsController(Controller):
             self.queue.add(ns["metadata"]["name"])
 
     def _on_account(self, etype: str, sa: Obj, _old: Obj | None) -> None:
-        md = sa.get("metadata") or {}
+        md = objects.meta(sa)
         if etype == "DELETED" and md.get("name") == DEFAULT:
             self.queue.add(md.get("namespace", ""))
 

@@ -22,13 +22,15 @@ import logging
 import time
 from typing import Any, Callable
 
+from .. import objects
 from ..client import NODES, PODS, ApiError, Client
+from ..terms import Annotation, PodPhase
+from ..timing import DRAIN_SECONDS
 from .agent import NodeAgent
 
 log = logging.getLogger("kube32.kubelet.drain")
-LEFT = "kube32.io/left"
-LEFT_CORDONED = "kube32.io/left-cordoned"  # the drain cordoned the Node itself
-DRAIN_SECONDS = 20.0
+LEFT = Annotation.LEFT
+LEFT_CORDONED = Annotation.LEFT_CORDONED  # the drain cordoned the Node itself
 WRITE_TRIES = 3  # a guarded Node write that meets another write reads again this often
 
 
@@ -72,7 +74,7 @@ async def _patch_node(client: Client, name: str, change: Callable[[dict], dict |
 
 def _leaving(node: dict) -> dict:
     """Cordon (marked as the drain's own) unless a user did already; mark left."""
-    if (node.get("spec") or {}).get("unschedulable"):
+    if objects.spec(node).get("unschedulable"):
         return {"metadata": {"annotations": {LEFT: "true"}}}
     return {"spec": {"unschedulable": True}, "metadata": {"annotations": {LEFT: "true", LEFT_CORDONED: "true"}}}
 
@@ -83,7 +85,7 @@ def _back(node: dict) -> dict | None:
     if LEFT not in ann and LEFT_CORDONED not in ann:
         return None
     patch: dict[str, Any] = {"metadata": {"annotations": {LEFT: None, LEFT_CORDONED: None}}}
-    if ann.get(LEFT_CORDONED) == "true" and (node.get("spec") or {}).get("unschedulable"):
+    if ann.get(LEFT_CORDONED) == "true" and objects.spec(node).get("unschedulable"):
         patch["spec"] = {"unschedulable": None}  # as kubectl uncordon writes it
     return patch
 
@@ -105,13 +107,13 @@ async def drain_self(kl: NodeAgent, timeout: float = DRAIN_SECONDS) -> list[str]
     except ApiError as e:
         log.warning("cannot cordon %s: %s", name, e)
     leaving = {p["metadata"]["uid"]: p for p in kl.bound_pods()
-               if not _daemon_pod(p) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
+               if not _daemon_pod(p) and objects.phase(p) not in PodPhase.TERMINAL}
     pending = leaving
     while pending and time.monotonic() < deadline:
         # All at once: the answer to an eviction that moves a pod waits for its replacement
         # (up to 5 s), and one pod that cannot move must not hold up the others.
         done = await asyncio.gather(*(_evicted(kl, uid, pod) for uid, pod in pending.items()))
-        pending = {uid: pod for (uid, pod), gone in zip(pending.items(), done) if not gone}
+        pending = {uid: pod for (uid, pod), gone in zip(pending.items(), done, strict=True) if not gone}
         if pending:
             await asyncio.sleep(1.0)
     while time.monotonic() < deadline:

@@ -9,21 +9,30 @@ Invariants:
 * Module bytes are cached by digest (memory, and ``cache_dir`` on disk), so a pinned
   or embedded image is fetched once per node.  An unpinned ``wasm://`` image is
   fetched again on each pull (its content may change, as a ``latest`` tag does).
+  The memory cache holds :data:`MAX_CACHED_BYTES` at most, the last used first kept
+  (the disk holds the rest): an image whose host answers new bytes at every pull
+  cannot grow the kubelet without bound.
 * Failures raise :class:`PullError` with a message fit for a pod's status.
 """
 from __future__ import annotations
 
 import hashlib
 import re
+from collections import OrderedDict
 from pathlib import Path
 
 import aiohttp
 
 from ..client import ApiError, Client
+from ..movability import embedded_digest
+from ..terms import IMAGE_REFERENCE_PREFIX, Annotation
+from ..timing import IMAGE_PULL_SECONDS
+from ..urlpath import group_path
 
-EMBEDDED_PREFIX = "kube32.io/wasm-sha256:"
-PIN_ANNOTATION = "kube32.io/wasm-sha256"
+EMBEDDED_PREFIX = IMAGE_REFERENCE_PREFIX
+PIN_ANNOTATION = Annotation.WASM_PIN
 MAX_MODULE_BYTES = 64 << 20
+MAX_CACHED_BYTES = 64 << 20     # module bytes kept in memory, all digests together
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
@@ -33,8 +42,9 @@ class PullError(Exception):
 
 def expected_digest(image: str, annotations: dict[str, str]) -> str | None:
     """The digest a pod's image must have, when the pod says."""
-    if image.startswith(EMBEDDED_PREFIX):
-        return image[len(EMBEDDED_PREFIX):].lower()
+    embedded = embedded_digest(image)
+    if embedded is not None:
+        return embedded
     pin = (annotations or {}).get(PIN_ANNOTATION)
     return pin.lower() if pin else None
 
@@ -45,7 +55,7 @@ class ImagePuller:
         self.cache_dir = cache_dir
         if cache_dir is not None:
             cache_dir.mkdir(parents=True, exist_ok=True)
-        self._cache: dict[str, bytes] = {}
+        self._cache: OrderedDict[str, bytes] = OrderedDict()   # the last used last
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -54,19 +64,30 @@ class ImagePuller:
 
     def cached(self, digest: str) -> bytes | None:
         data = self._cache.get(digest)
-        if data is None and self.cache_dir is not None:
+        if data is not None:
+            self._cache.move_to_end(digest)
+        elif self.cache_dir is not None:
             path = self.cache_dir / f"{digest}.wasm"
             if path.exists():
                 data = path.read_bytes()
                 if hashlib.sha256(data).hexdigest() != digest:
                     path.unlink(missing_ok=True)   # damaged on disk: fetch afresh
                     return None
-                self._cache[digest] = data
+                self._keep(digest, data)
         return data
+
+    def _keep(self, digest: str, data: bytes) -> None:
+        """In the memory cache, the oldest going past :data:`MAX_CACHED_BYTES`."""
+        self._cache[digest] = data
+        self._cache.move_to_end(digest)
+        total = sum(len(d) for d in self._cache.values())
+        while total > MAX_CACHED_BYTES and len(self._cache) > 1:
+            _, gone = self._cache.popitem(last=False)
+            total -= len(gone)
 
     def _remember(self, data: bytes) -> None:
         digest = hashlib.sha256(data).hexdigest()
-        self._cache[digest] = data
+        self._keep(digest, data)
         if self.cache_dir is not None:
             path = self.cache_dir / f"{digest}.wasm"
             if not path.exists():
@@ -96,7 +117,7 @@ class ImagePuller:
 
     async def _pull_embedded(self, digest: str) -> bytes:
         try:
-            async with self.client.request("GET", f"/apis/kube32.io/v1/images/{digest}") as r:
+            async with self.client.request("GET", group_path("images", digest)) as r:
                 if r.status != 200:
                     err = ApiError.from_body(r.status, await r.text())
                     raise PullError(f"cannot pull {EMBEDDED_PREFIX}{digest} from the control plane: {err.message}")
@@ -107,7 +128,8 @@ class ImagePuller:
     async def _pull_http(self, image: str) -> bytes:
         url = "http://" + image[len("wasm://"):]
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60, sock_connect=10))
+            timeout = aiohttp.ClientTimeout(total=IMAGE_PULL_SECONDS, sock_connect=10)
+            self._session = aiohttp.ClientSession(timeout=timeout)
         try:
             async with self._session.get(url) as r:
                 if r.status != 200:

@@ -4,9 +4,10 @@ At start the kubelet makes a key pair for its endpoint, sends a certificate
 signing request to ``POST /apis/kube32.io/v1/nodecredentials/<node>`` with the
 client it was given (the bootstrap token), and receives its own token (user
 ``system:node:<node>``, group ``system:nodes``) and a serving certificate signed
-by the kubelet-serving signer for the node's own address only (the CSR names
-just that; the API server takes the address from the connection, so the client
-connects from it: :func:`own_address`).  From then on the client carries the
+by the kubelet-serving signer for the node's own address and name only (the CSR
+names just those; the API server takes the address from the connection, so the
+client connects from it: :func:`own_address`; and it verifies a kubelet by its node's
+name, so the name is what makes the kubelet the node's).  From then on the client carries the
 node's token, so the node authorizer limits what this kubelet can read and write;
 the key never leaves the node.  Without a CSR (``--kubelet-insecure-http``) the
 node still gets its token but serves plain HTTP.
@@ -26,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from ..client import ApiError, Client
+from ..urlpath import group_path
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ async def join(client: Client, node: str, hosts: list[str], *, serving_cert: boo
     key_pem, csr_pem = make_csr(node, hosts) if serving_cert else (b"", b"")
     body = {"csr": csr_pem.decode()} if serving_cert else {}
     try:
-        out = await client.post_json(f"/apis/kube32.io/v1/nodecredentials/{node}", body)
+        out = await client.post_json(group_path("nodecredentials", node), body)
     except ApiError as e:
         raise ApiError(e.code, e.reason, f"node {node} could not join the cluster: {e.message}") from None
     await client.close()            # the next session carries the node's own token

@@ -1,10 +1,10 @@
 """The Kubelet: one node's agent.
 
-``Kubelet(client, options)``; ``await start()`` measures the interpreter (unless
-given), opens the endpoint, registers the Node (a Node of its name that exists is
-taken over, and what its last self-drain did is undone: kube32.kubelet.drain.rejoin),
-starts the Lease, the pod
-informer (``fieldSelector spec.nodeName=<node>``), the Checkpoint informer of moves
+``Kubelet(client, options[, runtime])``; ``await start()`` measures the interpreter
+(unless given; once per runtime: a fleet's nodes share one, kube32.sim.fleet), opens
+the endpoint, registers the Node (a Node of its name that exists is taken over, and
+what its last self-drain did is undone: kube32.kubelet.drain.rejoin), starts the
+Lease, the pod informer (``fieldSelector spec.nodeName=<node>``), the Checkpoint informer of moves
 toward the node (kube32.kubelet.prefetch), the topic subscription and the
 status loop; ``await stop()`` stops every pod and marks the Node NotReady.
 
@@ -26,7 +26,15 @@ Invariants:
 * Each pod instance has a :class:`~.podhost.PodHost` of its own: logs go to its worker's
   ring buffer, publishes go to the API server's topic bus (so pods on every node hear
   them), and one ChannelRegistry serves the node's pods.
-* Free heap = heap - drivers' share - the linear memories of the node's pods.
+* A kubelet given a ``runtime`` (a fleet's nodes: one engine and one module cache for
+  all of them) shares it and never closes it; everything else it owns - its client
+  (credentials, source address, connections), endpoint and certificate, pods and heap.
+* Free heap = heap - drivers' share - what the node's pods cost: their linear memories,
+  tables and instances, and once per module the engine's compiled module
+  (Module.cost_bytes: pwasm's decoded code is about 100 bytes an instruction).  A pod
+  whose module and instance do not fit in what is free does not start: it fails naming
+  both costs and the free heap (a move's restore there fails, and rolls back).  Modules
+  no pod uses are kept for restarts up to a quarter of the heap.
 * Admission, as Kubernetes' kubelet admits: a pod bound here that would push the
   node's active pods' requests past its allocatable (memory, pod count, devices:
   :mod:`kube32.podfit`, the scheduler's own reading) is not run; it ends ``Failed``
@@ -47,14 +55,17 @@ from typing import Any, Coroutine, Iterable
 
 from aiohttp import web
 
-from .. import serving
+from .. import objects, serving
 from ..aio import wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
-from ..movability import INTERP_MOPS_MEASURED_ON
 from ..podfit import allocatable, pod_requests, shortfalls
-from ..wasm import ChannelRegistry, Module, Pod, PodConfig, Runtime
+from ..terms import Annotation, KubeletScheme, PodPhase, PodReason
+from ..timing import MOVED_AWAY_SECONDS
+from ..urlpath import group_path
+from ..wasm import ChannelRegistry, Module, Pod, PodConfig, PodError, Runtime
 from ..wasm.abi import MAX_HELD_EVENTS
-from ..wasm.pod import MAX_QUEUED_EVENTS
+from ..wasm.engine import PAGE
+from ..wasm.pod import MAX_QUEUED_EVENT_BYTES, MAX_QUEUED_EVENTS
 from . import drain
 from . import node as nodeinfo
 from . import join as node_join
@@ -72,11 +83,10 @@ __all__ = ["Kubelet", "KubeletOptions"]
 
 log = logging.getLogger("kube32.kubelet")
 
-MOVED_AWAY_SECONDS = 10.0  # s: requests for a pod that moved away answer 503 + Retry-After this long
 
 
 class Kubelet:
-    def __init__(self, client: Client, options: KubeletOptions) -> None:
+    def __init__(self, client: Client, options: KubeletOptions, runtime: Runtime | None = None) -> None:
         self.client = client
         self.options = options
         self.ip = options.host if options.host not in ("0.0.0.0", "") else "127.0.0.1"
@@ -84,7 +94,13 @@ class Kubelet:
         # signs the node's certificate for the address its join came from.
         client.source_address = node_join.own_address(options.host)
         cache = options.data_dir
-        self.runtime = Runtime(cache / "compiled" if cache else None, engine=options.engine)
+        if runtime is not None and runtime.engine.name != options.engine:
+            raise ValueError(f"the shared runtime runs {runtime.engine.name}, node {options.node_name} "
+                             f"asks for {options.engine}")
+        self._owns_runtime = runtime is None
+        self.runtime = runtime if runtime is not None else Runtime(cache / "compiled" if cache else None,
+                                                                   engine=options.engine,
+                                                                   kept_bytes=options.heap_bytes // 4)
         self.images = ImagePuller(client, cache / "images" if cache else None)
         self.events = EventRecorder(client, "kubelet", options.node_name)
         self.channels = ChannelRegistry()
@@ -93,7 +109,7 @@ class Kubelet:
         self.nodeports = NodePorts(self)
         self.prefetch = Prefetcher(self)  # moves toward this node: their data asked for early
         self.port = 0
-        self.scheme = "http"
+        self.scheme = KubeletScheme.HTTP
         self.interp_mops = 0.0
         self.facts: nodeinfo.NodeFacts | None = None
         self.node_uid: str | None = None
@@ -121,16 +137,18 @@ class Kubelet:
         if o.interp_mops is not None:
             self.interp_mops = o.interp_mops
         else:
-            self.interp_mops = await asyncio.to_thread(self.runtime.measure_mops)
+            self.interp_mops = await asyncio.to_thread(self.runtime.speed)
             measured = nodeinfo.measured_on(self.runtime.engine.tag)
         ssl_ctx = None
         if o.join:
-            creds = await node_join.join(self.client, o.node_name, [self.ip],
+            # Its address (for clients that dial it) and its node's name: the API server
+            # verifies a kubelet by the name of the node it means to reach.
+            creds = await node_join.join(self.client, o.node_name, [self.ip, o.node_name],
                                          serving_cert=not o.insecure_http)
             if creds.certificate:
                 ssl_ctx = server_ssl(node_join.server_context(
                     creds, o.data_dir if o.data_dir and o.data_dir.is_dir() else None), creds.ca)
-        self.scheme = "https" if ssl_ctx is not None else "http"
+        self.scheme = KubeletScheme.HTTPS if ssl_ctx is not None else KubeletScheme.HTTP
         self._runner = serving.GuardedRunner(build_app(self), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, o.host, o.port, reuse_address=True, ssl_context=ssl_ctx)
@@ -140,7 +158,14 @@ class Kubelet:
                                         o.driver_bytes, tuple(o.devices), o.max_pods, o.control_plane,
                                         self.interp_mops, str(uuid.uuid4()),
                                         runtime_version=self.runtime.engine.runtime_version, measured_on=measured)
-        await self._register()
+        try:
+            await self._register()
+        except BaseException:
+            # Its endpoint goes with it: a fleet that goes on without this node must not
+            # keep its address and port.
+            await self._runner.cleanup()
+            self._runner = None
+            raise
         self.informer.add_handler(lambda *_: self._reconcile())
         self._tasks += [self.informer.start(),
                         asyncio.create_task(self._lease_loop(), name="kubelet-lease"),
@@ -158,25 +183,33 @@ class Kubelet:
         await self.informer.stop()
         await self.prefetch.stop()
         await self.nodeports.stop()
-        await asyncio.gather(*self._background, return_exceptions=True)
         await asyncio.gather(*(w.stop() for w in list(self.workers.values())), return_exceptions=True)
         self.workers.clear()
+        # After the workers: what they spawned while stopping (their Events) is awaited too,
+        # as spawn promises; and what those spawned in turn.
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
         try:
             assert self.facts is not None
-            await self.client.patch(NODES, self.options.node_name,
-                                    {"status": nodeinfo.node_status(self.facts, self.free_heap(), False, self._transitions)},
-                                    subresource="status")
+            status = nodeinfo.node_status(self.facts, self.free_heap(), False, self._transitions)
+            await self.client.patch(NODES, self.options.node_name, {"status": status}, subresource="status")
         except (ApiError, AssertionError) as e:
             log.debug("cannot mark the node NotReady: %s", e)
         if self._runner is not None:
             await self._runner.cleanup()
         await self.images.close()
-        self.runtime.close()
+        if self._owns_runtime:
+            self.runtime.close()
 
     # --- the Node and its Lease -----------------------------------------------------
+    def _instances(self) -> list[Pod]:
+        """Every instance on the node: its pods' and the moves' prepared ones."""
+        return [w.instance for w in self.workers.values() if w.instance is not None] + self.prefetch.instances()
+
     def free_heap(self) -> int:
-        used = sum(w.instance.memory_bytes for w in self.workers.values() if w.instance is not None)
-        used += self.prefetch.memory_bytes()
+        instances = self._instances()
+        used = sum(inst.footprint_bytes for inst in instances)
+        used += sum({inst.module.sha256: inst.module.cost_bytes for inst in instances}.values())
         return max(0, self.options.heap_bytes - self.options.driver_bytes - used)
 
     async def load_module(self, image: str, annotations: dict[str, str]) -> Module:
@@ -186,15 +219,33 @@ class Kubelet:
 
     async def config_for(self, pod: dict[str, Any]) -> PodConfig:
         """The PodConfig this node runs ``pod`` with (ConfigError when it cannot)."""
-        return await pod_config(self.client, pod, self.ip, self.options.call_timeout_ms)
+        return await pod_config(self.client, pod, self.ip, self.options.call_timeout_ms,
+                                self.options.start_timeout_ms)
 
     def new_instance(self, module: Module, config: PodConfig) -> Pod:
-        return Pod(self.runtime, module, self._within_heap(config), PodHost(self.channels, self._publish_soon))
+        """An instance of ``module`` for this pod; PodError naming the costs when what the
+        module and its instance cost the engine does not fit in the free heap."""
+        return Pod(self.runtime, module, self._within_heap(module, config), PodHost(self.channels, self._publish_soon))
 
-    def _within_heap(self, config: PodConfig) -> PodConfig:
+    def _within_heap(self, module: Module, config: PodConfig) -> PodConfig:
         """A pod's linear memory comes out of the node's heap: it may not grow past what
-        is free (a board has no more), whatever its own limit says."""
+        is free once its module (when no other pod holds it) and its instance are counted
+        (a board has no more), whatever its own limit says."""
         free = self.free_heap()
+        held = any(inst.module.sha256 == module.sha256 for inst in self._instances())
+        engine = self.runtime.engine.name
+        need = module.instance_bytes + (0 if held else module.cost_bytes)
+        memory = module.info.memory if module.info is not None else None
+        initial = memory[0] * PAGE if memory else 0
+        if config.memory_limit_bytes is not None:
+            initial = min(initial, config.memory_limit_bytes)
+        if need + initial > free:
+            module_cost = ("is held already" if held else
+                           f"costs the {engine} engine {module.cost_bytes} bytes (once for its pods here)")
+            raise PodError(f"the node's heap cannot hold this pod: its module ({module.size} bytes) {module_cost}, "
+                           f"an instance {module.instance_bytes} bytes and its initial memory {initial} bytes, "
+                           f"and {free} bytes of the node's heap are free")
+        free -= need
         limit = config.memory_limit_bytes
         if limit is None or limit > free:
             return dataclasses.replace(config, memory_limit_bytes=max(free, 1))
@@ -214,7 +265,7 @@ class Kubelet:
         assert self.facts is not None
         obj = nodeinfo.node_object(self.facts, self.free_heap())
         obj["metadata"]["labels"].update(self.options.extra_labels)
-        obj["metadata"]["annotations"]["kube32.io/kubelet-scheme"] = self.scheme
+        obj["metadata"]["annotations"][Annotation.KUBELET_SCHEME] = self.scheme
         try:
             out = await self.client.create(NODES, obj)
         except ApiError as e:
@@ -223,7 +274,7 @@ class Kubelet:
             md = obj["metadata"]
             # A merge patch keeps what it does not name: a figure given now drops the
             # machine an earlier boot measured on.
-            annotations = {INTERP_MOPS_MEASURED_ON: None, **md["annotations"]}
+            annotations = {Annotation.INTERP_MOPS_MEASURED_ON: None, **md["annotations"]}
             out = await self.client.patch(NODES, self.options.node_name,
                                           {"metadata": {"labels": md["labels"], "annotations": annotations}})
             out = await self.client.patch(NODES, self.options.node_name, {"status": obj["status"]},
@@ -236,10 +287,10 @@ class Kubelet:
         free = self.free_heap()
         if free != self._last_free:
             await self.client.patch(NODES, self.options.node_name, {"metadata": {"annotations": {
-                "kube32.io/free-heap": str(free)}}})
+                Annotation.FREE_HEAP: str(free)}}})
             self._last_free = free
-        await self.client.patch(NODES, self.options.node_name,
-                                {"status": nodeinfo.node_status(self.facts, free, True, self._transitions)}, subresource="status")
+        status = nodeinfo.node_status(self.facts, free, True, self._transitions)
+        await self.client.patch(NODES, self.options.node_name, {"status": status}, subresource="status")
 
     async def _status_loop(self) -> None:
         while True:
@@ -255,15 +306,22 @@ class Kubelet:
         name = self.options.node_name
         while True:
             try:
-                lease = nodeinfo.lease_object(name, self.options.lease_duration, self.node_uid)
-                current = await self.client.try_get(LEASES, name, "kube-node-lease")
-                if current is None:
-                    await self.client.create(LEASES, lease, "kube-node-lease")
-                else:
-                    await self.client.patch(LEASES, name, {"spec": lease["spec"]}, "kube-node-lease")
+                await self._renew_lease(name)
             except ApiError as e:
                 log.warning("cannot renew the node lease: %s", e)
             await asyncio.sleep(self.options.lease_interval)
+
+    async def _renew_lease(self, name: str) -> None:
+        """One request per renewal, as the kubelet's lease controller does once it has its
+        Lease: a patch, and a create only when there is none (a GET before each patch
+        doubled what a fleet of nodes asks of the API server at rest)."""
+        lease = nodeinfo.lease_object(name, self.options.lease_duration, self.node_uid)
+        try:
+            await self.client.patch(LEASES, name, {"spec": lease["spec"]}, "kube-node-lease")
+        except ApiError as e:
+            if e.code != 404:
+                raise
+            await self.client.create(LEASES, lease, "kube-node-lease")
 
     # --- pods -----------------------------------------------------------------------
     def worker_by_name(self, ns: str, name: str) -> PodWorker | None:
@@ -291,7 +349,7 @@ class Kubelet:
                     self.spawn(self._terminate(pod, existing))
             elif existing is not None:
                 existing.update(pod)
-            elif ((pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            elif (objects.phase(pod) not in PodPhase.TERMINAL
                   and uid not in self._stopping and uid not in self._rejected):
                 refusal = self._admission(pod)
                 if refusal is None:
@@ -304,7 +362,7 @@ class Kubelet:
         """Why this node cannot run ``pod`` next to its active pods, as (reason, message)
         in Kubernetes' words; None when it fits."""
         assert self.facts is not None
-        active = [w.pod for w in self.workers.values() if w.phase not in ("Succeeded", "Failed")]
+        active = [w.pod for w in self.workers.values() if w.phase not in PodPhase.TERMINAL]
         used: dict[str, Any] = {}
         for other in active:
             for name, amount in pod_requests(other).items():
@@ -313,14 +371,14 @@ class Kubelet:
         if not short:
             return None
         first = short[0]   # Kubernetes reports the first failed predicate
-        return (f"OutOf{first.resource}",
+        return (f"{PodReason.OUT_OF}{first.resource}",
                 f"Node didn't have enough resource: {first.resource}, requested: {math.ceil(first.requested)}, "
                 f"used: {math.ceil(first.used)}, capacity: {math.floor(first.capacity)}")
 
     async def _reject(self, pod: dict[str, Any], reason: str, message: str) -> None:
         md = pod["metadata"]
         log.warning("pod %s/%s rejected: %s", md["namespace"], md["name"], message)
-        status = {"phase": "Failed", "reason": reason, "message": f"Pod was rejected: {message}"}
+        status = {"phase": PodPhase.FAILED, "reason": reason, "message": f"Pod was rejected: {message}"}
         try:
             await self.client.patch(PODS, md["name"], [
                 {"op": "test", "path": "/metadata/uid", "value": md["uid"]},
@@ -383,8 +441,10 @@ class Kubelet:
     # --- topics ------------------------------------------------------------------------
     async def publish_async(self, ns: str, topic: str, payload: bytes, source: str = "") -> None:
         try:
-            async with self.client.request("POST", f"/apis/kube32.io/v1/namespaces/{ns}/topics/{topic}",
-                                           params={"source": source}, data=payload,
+            # A pod names the topic: each of its "/"-parts one checked segment, so no topic
+            # makes the node send its publish anywhere but the topic bus.
+            path = group_path("namespaces", ns, "topics", *topic.split("/"))
+            async with self.client.request("POST", path, params={"source": source}, data=payload,
                                            headers={"Content-Type": "application/octet-stream"}) as r:
                 if r.status >= 300:
                     log.warning("publish to %s/%s refused: %s", ns, topic, (await r.text())[:200])
@@ -410,9 +470,10 @@ class Kubelet:
         return n
 
     def count_dropped(self, worker: PodWorker, count: int) -> None:
-        """``count`` events for the pod were dropped (at most 8 wait for a frozen or moving
-        pod, 1024 for a running one): they show as the pod's Warning event EventsDropped,
-        whose count (``kubectl get events``, ``kubectl describe pod``) is the number dropped."""
+        """``count`` events for the pod were dropped (a frozen or moving pod takes more only
+        while fewer than 8 wait, a running one queues 1024 or 1 MiB of topics and payloads):
+        they show as the pod's Warning event EventsDropped, whose count (``kubectl get
+        events``, ``kubectl describe pod``) is the number dropped."""
         if count <= 0:
             return
 
@@ -421,7 +482,9 @@ class Kubelet:
                 await self.events.record(
                     worker.pod, "Warning", "EventsDropped",
                     f"Events for the pod were dropped: at most {MAX_HELD_EVENTS} wait for a pod while it is "
-                    f"frozen or moving, {MAX_QUEUED_EVENTS} while it runs (the count is the number dropped)", count)
+                    "frozen or moving, counting those it had queued (it keeps them all), "
+                    f"{MAX_QUEUED_EVENTS} ({MAX_QUEUED_EVENT_BYTES >> 20} MiB of topics and payloads) while it "
+                    "runs (the count is the number dropped)", count)
         self.spawn(record())
 
     async def topics_read(self, seq: int, timeout: float) -> bool:
@@ -442,7 +505,7 @@ class Kubelet:
         backoff = 0.1
         while True:
             try:
-                async for line in self.client.stream_lines("/apis/kube32.io/v1/topicevents", {"watch": "true"}):
+                async for line in self.client.stream_lines(group_path("topicevents"), {"watch": "true"}):
                     self._on_topic_line(line)
                     backoff = 0.1
             except asyncio.CancelledError:

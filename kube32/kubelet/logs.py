@@ -8,8 +8,11 @@ subscribed, in order; a follower slower than ``capacity`` lines loses the oldest
 The buffer outlives restarts of its container; each line carries the run it came
 from (the container's restart count when it was logged), so a reader asks for the
 current run's lines or the previous run's (``kubectl logs --previous``), as
-Kubernetes keeps one log file per container instance.  ``close()`` ends all follows
-(the pod is gone).
+Kubernetes keeps one log file per container instance.  A follow ends when the run it
+follows ends (``end_run``: the container exited, so ``kubectl logs -f`` returns, as
+Kubernetes' kubelet ends it), or at ``close()`` (the pod is gone).  Runs end in order,
+so the buffer keeps only the last run that ended; a follow that subscribes after its
+run ended gets the lines and ends at once.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ class LogBuffer:
         self._lock = threading.Lock()
         self._followers: set[asyncio.Queue] = set()
         self.closed = False
+        self._ended_through = -1   # every run up to this one has ended
 
     def append(self, line: str, run: int = 0) -> None:
         """Thread-safe; called from pod threads and the event loop."""
@@ -57,22 +61,36 @@ class LogBuffer:
 
     async def follow(self, tail: int | None = None, run: int | None = None,
                      since: str | None = None) -> AsyncIterator[tuple[str, str, int]]:
-        """The tail, then every later line until close() (or the caller stops)."""
+        """The tail, then every later line of ``run`` until it ends or close() (or the caller stops)."""
         q: asyncio.Queue = asyncio.Queue(self.capacity)
         with self._lock:
             items = _select(list(self._lines), run, since)
             self._followers.add(q)
+            ended = run is not None and run <= self._ended_through
         try:
             for entry in _tail(items, tail):
                 yield entry
-            while not self.closed:
+            while not self.closed and not ended:
                 entry = await q.get()
                 if entry is None:
                     return
-                yield entry
+                if not isinstance(entry, int) and (run is None or entry[2] == run):
+                    yield entry
+                # A run ended (the mark may have been dropped for a slow follower: the
+                # last run that ended says it too, once the lines before it are out).
+                ended = run is not None and run <= self._ended_through and (isinstance(entry, int) or q.empty())
         finally:
             with self._lock:
                 self._followers.discard(q)
+
+    def end_run(self, run: int) -> None:
+        """Run ``run`` of the container ended: its follows end after its last line (on the
+        event loop; the lines its thread logged before it ended come first)."""
+        with self._lock:
+            self._ended_through = max(self._ended_through, run)
+            followers = list(self._followers)
+        for q in followers:
+            self.loop.call_soon_threadsafe(_offer, q, run)
 
     def close(self) -> None:
         self.closed = True
@@ -95,7 +113,7 @@ def _tail(items: list, tail: int | None) -> list:
     return items[-tail:] if tail else []
 
 
-def _offer(q: asyncio.Queue, entry: tuple[str, str, int] | None) -> None:
+def _offer(q: asyncio.Queue, entry: tuple[str, str, int] | int | None) -> None:
     if q.full():
         try:
             q.get_nowait()   # drop the oldest for this slow follower

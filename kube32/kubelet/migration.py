@@ -11,11 +11,14 @@ broke); ``leave=frozen`` keeps it frozen for a move, and a frozen pod gives the
 same snapshot every time, so a failed transfer can be retried.
 
 ``?dryRun=All`` only checks: 409 NotMovable with every blocker, or 200 with an empty
-``blockers`` list; the pod is never frozen (the control plane asks so for the node's
-blockers when it found some of its own).  ``?eventsSeq=<n>`` (a move's, from the API
-server): the snapshot is taken once this node has read topic line n, so it holds every
-event published before the control plane began to hold the pod's events and none after
-(kube32.apiserver.heldevents); ``X-Kube32-Held-Events`` says how many it holds.
+``blockers`` list and ``sizeBytes``, the size the snapshot would have now; the pod is
+never frozen (the control plane asks so for the node's blockers when it found some of
+its own, and for the size to find room for the snapshot before the pod freezes).
+``?eventsSeq=<n>`` (a move's, from the API server): the snapshot is taken once this
+node has read topic line n, so it holds every event published before the control plane
+began to hold the pod's events and none after (kube32.apiserver.heldevents);
+``X-Kube32-Held-Events`` says how many it holds: all the events the pod had queued (the
+freeze drops none) and those held since.
 
 ``POST /thaw/<ns>/<pod>/<container>``: 200 ``{"thawed":true}``, or 404 when the
 pod is not frozen.  Held events are delivered first (the runtime does that).
@@ -44,62 +47,36 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import movability
+from .. import movability, testing, timing
 from ..snapshot import SnapshotWriter
+from ..terms import Header, StatusReason
 from ..wasm import CallTimeout, ImageError, Pod, PodError
 from .agent import NodeAgent
 from .images import PIN_ANNOTATION, PullError
 from .pods import PodWorker
-from .restore import RESTORE_FAULTS
 
 log = logging.getLogger("kube32.kubelet.migration")
 
-# Faults a test can inject into a worker (``kube32-sim worker --fault NAME``), for the
-# reliability suite (tests/e2e/test_faults.py); none is on unless named: the restores'
-# (kube32.kubelet.restore.RESTORE_FAULTS), and slow-snapshots, which sends half of every
-# snapshot taken for a move (leave=frozen) and then waits 8 s before the rest: a window to
-# kill the node or the control plane mid-transfer, or to publish events, and shorter than
-# the 10 s without a byte after which the API server gives up on the snapshot
-# (kube32.apiserver.dataspace.Pace), so the move then completes.
-FAULTS = (*RESTORE_FAULTS, "slow-snapshots")
-SLOW_SNAPSHOT_PAUSE = 8.0
-
-EVENTS_SEQ_WAIT = 2.0  # s: how long a snapshot waits for the topic line it must follow
-DEFAULT_TIMEOUT_MS = 10000
-MAX_TIMEOUT_MS = 60000
-
-
-def _slow_writer(write: Any, total: int) -> Any:
-    """``write`` that pauses once half of ``total`` bytes went out (fault injection)."""
-    sent = 0
-
-    async def slow(data: Any) -> None:
-        nonlocal sent
-        view = memoryview(data)
-        half = total // 2
-        if sent < half <= sent + len(view):
-            cut = half - sent
-            await write(view[:cut])
-            sent += cut
-            await asyncio.sleep(SLOW_SNAPSHOT_PAUSE)
-            view = view[cut:]
-        await write(view)
-        sent += len(view)
-    return slow
+DEFAULT_TIMEOUT_MS = int(timing.FREEZE_TIMEOUT_SECONDS * 1000)
+MAX_TIMEOUT_MS = int(timing.FREEZE_TIMEOUT_MAX_SECONDS * 1000)
 
 
 def _json(status: int, body: dict[str, Any]) -> web.Response:
     return web.Response(status=status, text=json.dumps(body), content_type="application/json")
 
 
+def _failure(code: int, reason: str, message: str, **extra: Any) -> web.Response:
+    """A Status of Failure (Kubernetes' shape), with ``extra`` fields (the blockers)."""
+    return _json(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
+                        "message": message, **extra, "code": code})
+
+
 def _not_found(message: str) -> web.Response:
-    return _json(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
-                       "message": message, "code": 404})
+    return _failure(404, "NotFound", message)
 
 
 def _bad_request(message: str) -> web.Response:
-    return _json(400, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "BadRequest",
-                       "message": message, "code": 400})
+    return _failure(400, "BadRequest", message)
 
 
 def parse_params(query: Any) -> tuple[str, int, int, bool] | str:
@@ -153,36 +130,32 @@ async def checkpoint(kl: NodeAgent, request: web.Request) -> web.StreamResponse:
     worker, inst = target
     blockers = node_blockers(worker, inst)
     if blockers:
-        return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
-                           "message": "the pod cannot move: " + "; ".join(blockers), "blockers": blockers,
-                           "code": 409})
+        return _failure(409, StatusReason.NOT_MOVABLE, "the pod cannot move: " + "; ".join(blockers),
+                        blockers=blockers)
     if dry_run:
         return _json(200, {"kind": "Status", "apiVersion": "v1", "status": "Success",
-                           "message": "the pod can move", "blockers": [], "code": 200})
+                           "message": "the pod can move", "blockers": [], "sizeBytes": inst.snapshot_size(),
+                           "code": 200})
     # A move's snapshot holds every event published before the control plane began to hold
     # the pod's events (line eventsSeq of the topic stream), and none after it.
-    if not await kl.topics_read(events_seq, EVENTS_SEQ_WAIT):
+    if not await kl.topics_read(events_seq, timing.EVENTS_SEQ_WAIT):
         log.warning("taking the snapshot of %s/%s without topic line %d (the topic stream is behind or down)",
                     worker.namespace, worker.name, events_seq)
-    dropped = inst.dropped_events
     try:
         await worker.freeze(inst, timeout_ms)
     except CallTimeout as e:
-        return _json(504, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Timeout",
-                           "message": str(e), "blockers": [str(e)], "code": 504})
+        return _failure(504, StatusReason.TIMEOUT, str(e), blockers=[str(e)])
     except PodError as e:
-        return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
-                           "message": str(e), "blockers": [str(e)], "code": 409})
-    kl.count_dropped(worker, inst.dropped_events - dropped)  # a frozen pod keeps 8 of those queued
+        return _failure(409, StatusReason.NOT_MOVABLE, str(e), blockers=[str(e)])
     thaw = leave == "running"
     try:
         writer = inst.snapshot()
         resp = web.StreamResponse(headers={
             "Content-Type": "application/octet-stream",
-            "X-Kube32-Image-Sha256": inst.module.sha256,
-            "X-Kube32-Pod-Time-Ms": str(writer.state.pod_time_ms),
-            "X-Kube32-Frozen-At-Ms": str(writer.state.unix_time_ms),
-            "X-Kube32-Held-Events": str(len(writer.state.events)),
+            Header.IMAGE_SHA256: inst.module.sha256,
+            Header.POD_TIME_MS: str(writer.state.pod_time_ms),
+            Header.FROZEN_AT_MS: str(writer.state.unix_time_ms),
+            Header.HELD_EVENTS: str(len(writer.state.events)),
         })
         resp.content_length = writer.total_size
         # The trailer is known only at the end; a frozen pod's snapshot never changes,
@@ -190,18 +163,15 @@ async def checkpoint(kl: NodeAgent, request: web.Request) -> web.StreamResponse:
         # it from the snapshot's own trailer (sha256=trailer: the API server's pull), when
         # the hash runs beside the send instead of a whole pass before it.
         if request.query.get("sha256") != "trailer":
-            resp.headers["X-Kube32-Snapshot-Sha256"] = await _trailer(worker, writer)
+            resp.headers[Header.SNAPSHOT_SHA256] = await _trailer(worker, writer)
         await resp.prepare(request)
-        write = resp.write
-        if "slow-snapshots" in kl.options.faults and not thaw:
-            write = _slow_writer(write, writer.total_size)
+        write = testing.snapshot_writer(kl.options.faults, resp.write, writer.total_size, for_move=not thaw)
         await writer.write_async(write)
         await resp.write_eof()
         return resp
     except PodError as e:
         thaw = True
-        return _json(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotMovable",
-                           "message": str(e), "blockers": [str(e)], "code": 409})
+        return _failure(409, StatusReason.NOT_MOVABLE, str(e), blockers=[str(e)])
     finally:
         if thaw and inst.frozen:
             await worker.thaw(inst)
@@ -239,18 +209,16 @@ async def pull_image(kl: NodeAgent, request: web.Request) -> web.Response:
     try:
         module = await kl.load_module(image, {PIN_ANNOTATION: pin} if pin else {})
     except PullError as e:
-        return _json(502, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "ErrImagePull",
-                           "message": str(e), "code": 502})
+        return _failure(502, StatusReason.ERR_IMAGE_PULL, str(e))
     except ImageError as e:
-        return _json(422, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InvalidImage",
-                           "message": f"image {image}: {e}", "code": 422})
+        return _failure(422, StatusReason.INVALID_IMAGE, f"image {image}: {e}")
     return _json(200, {"image": image, "sha256": module.sha256})
 
 
 async def thaw_forgotten(kl: NodeAgent) -> None:
     """Thaw pods frozen for a move that never finished (the controller is gone)."""
     while True:
-        await asyncio.sleep(5)
+        await asyncio.sleep(timing.THAW_SWEEP_SECONDS)
         for worker in list(kl.workers.values()):
             since = worker.frozen_since
             inst = worker.instance

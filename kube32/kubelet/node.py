@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..movability import INTERP_MOPS_MEASURED_ON
+from ..terms import Annotation, Condition, KubeletScheme, Label, Resource
 
 MEMORY_PRESSURE_BYTES = 24 << 10
 # Where this machine's identity comes from, in order (the first one readable).
@@ -84,25 +84,24 @@ def measured_on(engine: str) -> str:
         if machine:
             break
     machine = machine or socket.gethostname()
-    text = "\0".join(("kube32.io/interp-mops", machine, platform.machine(), engine))
+    text = "\0".join((Annotation.INTERP_MOPS, machine, platform.machine(), engine))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def node_labels(f: NodeFacts) -> dict[str, str]:
-    labels = {"kubernetes.io/hostname": f.name, "kubernetes.io/os": "kube32",
-              "kubernetes.io/arch": "wasm32", "beta.kubernetes.io/os": "kube32",
-              "beta.kubernetes.io/arch": "wasm32", "kube32.io/profile": f.profile,
-              "kube32.io/engine": f.runtime_version.split("://")[0]}
+    labels = {Label.HOSTNAME: f.name, Label.OS: "kube32", Label.ARCH: "wasm32", Label.BETA_OS: "kube32",
+              Label.BETA_ARCH: "wasm32", Label.PROFILE: f.profile,
+              Label.ENGINE: f.runtime_version.split("://")[0]}
     if f.control_plane:
-        labels["node-role.kubernetes.io/control-plane"] = ""
+        labels[Label.NODE_ROLE_CONTROL_PLANE] = ""
     return labels
 
 
 def node_annotations(f: NodeFacts, free_heap: int) -> dict[str, str]:
-    out = {"kube32.io/free-heap": str(free_heap), "kube32.io/interp-mops": f"{f.interp_mops:.2f}",
-           "kube32.io/kubelet-scheme": "http"}
+    out = {Annotation.FREE_HEAP: str(free_heap), Annotation.INTERP_MOPS: f"{f.interp_mops:.2f}",
+           Annotation.KUBELET_SCHEME: KubeletScheme.HTTP}
     if f.measured_on:
-        out[INTERP_MOPS_MEASURED_ON] = f.measured_on
+        out[Annotation.INTERP_MOPS_MEASURED_ON] = f.measured_on
     return out
 
 
@@ -113,7 +112,7 @@ def allocatable(f: NodeFacts) -> dict[str, str]:
 
 def _resources(f: NodeFacts) -> dict[str, str]:
     res = {"memory": str(f.heap_bytes), "pods": str(f.max_pods), "cpu": "1"}
-    res.update({f"hardware.kube32.io/{d}": "1" for d in f.devices})
+    res.update({Resource.HARDWARE_PREFIX + d: "1" for d in f.devices})
     return res
 
 
@@ -143,11 +142,12 @@ def node_status(f: NodeFacts, free_heap: int, ready: bool = True,
                      "operatingSystem": "kube32", "osImage": f"Kube32 sim ({f.profile})",
                      "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"system.{f.name}"))},
         "conditions": [
-            cond("MemoryPressure", pressure, "KubeletHasInsufficientMemory" if pressure else "KubeletHasSufficientMemory",
+            cond(Condition.MEMORY_PRESSURE, pressure,
+                 "KubeletHasInsufficientMemory" if pressure else "KubeletHasSufficientMemory",
                  f"free heap {free_heap} bytes" + (f" is below {MEMORY_PRESSURE_BYTES}" if pressure else "")),
-            cond("DiskPressure", False, "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-            cond("PIDPressure", False, "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-            cond("Ready", ready, "KubeletReady" if ready else "KubeletNotReady",
+            cond(Condition.DISK_PRESSURE, False, "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            cond(Condition.PID_PRESSURE, False, "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            cond(Condition.READY, ready, "KubeletReady" if ready else "KubeletNotReady",
                  "kubelet is posting ready status" if ready else "kubelet is stopping"),
         ],
     }

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Coroutine, Protocol
 
+from .. import timing
 from ..client import Client, EventRecorder
 from ..wasm import Module, Pod, PodConfig
 
@@ -48,9 +49,10 @@ class KubeletOptions:
     # than the longest freeze a checkpoint may wait (timeoutMs up to 60 s): a freeze that
     # gives up answers 504 and the pod keeps running, as the spec promises.
     call_timeout_ms: int = 120000
+    start_timeout_ms: int = int(timing.START_TIMEOUT_SECONDS * 1000)   # the start function, k32_init
     log_lines: int = 1000
-    frozen_max_seconds: float = 300.0    # a pod frozen for a move that never finished thaws
-    faults: tuple[str, ...] = ()         # injected faults (kube32.kubelet.migration.FAULTS), for tests
+    frozen_max_seconds: float = timing.FROZEN_MAX_SECONDS   # a pod frozen for a move that never finished thaws
+    faults: tuple[str, ...] = ()         # injected faults (kube32.testing.WORKER_FAULTS), for tests
     data_dir: Path | None = None         # image and compiled-code caches
     extra_labels: dict[str, str] = field(default_factory=dict)
     join: bool = True                    # trade the client's bootstrap token for the node's own (kubelet.join)

@@ -54,23 +54,24 @@ import logging
 import time
 from typing import Any
 
+from .. import objects, testing
 from ..aio import wait_set
 from ..client import PODS, ApiError
-from ..movability import RESTORE_FROM
 from ..snapshot import HeldEvent
-from ..wasm import ImageError, Module, Pod, PodConfig, PodError
+from ..terms import IMAGE_REFERENCE_PREFIX, Annotation, Condition, ContainerReason, PodPhase
+from ..timing import FROZEN_REPORT_DELAY
+from ..wasm import ImageError, Module, Pod, PodConfig, PodError, StartTimeout
 from .images import PullError
 from .logs import LogBuffer
 from .nodeapi import NodeServices
 from .podhost import host_of
 from .podspec import ConfigError
-from .restore import CRASH_RESTORES_MESSAGE, RestoreError, RestorePlan, RestoreSource
+from .restore import RestoreError, RestorePlan, RestoreSource
 
 log = logging.getLogger("kube32.kubelet.pods")
 
 FIRST_REPORT_GRACE = 0.05  # s
 FROZEN_RESTART_POLL = 0.2  # s: how often a frozen container whose image changed looks for its thaw
-FROZEN_REPORT_DELAY = 0.15  # s: a frozen pod shows Ready=False this late at most (spec: within 2 s)
 STARTED_EVENT_WAIT = 1.0  # s: the Started event waits this long at most for the Running status
 
 
@@ -93,10 +94,10 @@ class PodWorker:
         self.logs = LogBuffer(asyncio.get_running_loop(), node.options.log_lines)
         self.instance: Pod | None = None
         self.restart_count = 0
-        self.state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
+        self.state: dict[str, Any] = {"waiting": {"reason": ContainerReason.CONTAINER_CREATING}}
         self.last_state: dict[str, Any] = {}
         self.image_id = ""
-        self.phase = "Pending"
+        self.phase = PodPhase.PENDING
         self.start_time = now()
         self.started = False
         self._terminating = False
@@ -116,7 +117,7 @@ class PodWorker:
     # --- lifecycle ---------------------------------------------------------------
     @property
     def policy(self) -> str:
-        return (self.pod.get("spec") or {}).get("restartPolicy", "Always")
+        return objects.spec(self.pod).get("restartPolicy", "Always")
 
     @property
     def ready(self) -> bool:
@@ -139,7 +140,7 @@ class PodWorker:
 
     def changed(self) -> None:
         """Something the status shows changed: write it soon (and tell the node)."""
-        if (self.state.get("waiting") or {}).get("reason") != "ContainerCreating":
+        if (self.state.get("waiting") or {}).get("reason") != ContainerReason.CONTAINER_CREATING:
             self._created.set()
         self._dirty.set()
         self.node.node_changed()
@@ -165,8 +166,8 @@ class PodWorker:
             raise
         except Exception as e:  # noqa: BLE001 - a kubelet bug must show on the pod, not kill the node
             log.exception("pod %s/%s", self.namespace, self.name)
-            self._terminated(1, "Error", f"kubelet error: {type(e).__name__}: {e}")
-            self.phase = "Failed"
+            self._terminated(1, ContainerReason.ERROR, f"kubelet error: {type(e).__name__}: {e}")
+            self.phase = PodPhase.FAILED
             self.changed()
 
     async def _attempt(self) -> str:
@@ -186,7 +187,7 @@ class PodWorker:
         start of this pod restores (a start that failed before its restore began tries
         again); a container that restarts later starts afresh."""
         checkpoint = None if self._restore_tried else \
-            (self.pod["metadata"].get("annotations") or {}).get(RESTORE_FROM)
+            objects.annotations(self.pod).get(Annotation.RESTORE_FROM)
         return await self.restores.plan(self.namespace, checkpoint) if checkpoint else None
 
     async def _attempt_with(self, plan: RestorePlan | None) -> str:
@@ -205,17 +206,24 @@ class PodWorker:
             return self._crashed(str(e))
         exit_future = self._take(instance)
         started_at = now()
-        self.phase = "Running"
+        self.phase = PodPhase.RUNNING
         try:
             await self._start(instance, plan)
         except RestoreError as e:
             # Not restarted: a second try would start the pod afresh, losing the state.
             self._forget_instance()
-            self._terminated(1, "RestoreError", str(e), started_at)
-            self.phase = "Failed"
+            self._terminated(1, ContainerReason.RESTORE_ERROR, str(e), started_at)
+            self.phase = PodPhase.FAILED
             self.changed()
-            await self.node.events.record(self.pod, "Warning", "RestoreError", str(e))
+            await self.node.events.record(self.pod, "Warning", ContainerReason.RESTORE_ERROR, str(e))
             return "done"
+        except StartTimeout as e:
+            # The container never started (a start function or k32_init that loops): said
+            # as Kubernetes says a container that failed to start.
+            self._forget_instance()
+            self.node.spawn(self.node.events.record(self.pod, "Warning", ContainerReason.FAILED_EVENT,
+                                                    f"Error: {e}"))
+            return self._crashed(str(e), started_at, ContainerReason.START_ERROR)
         except PodError as e:
             self._forget_instance()
             return self._crashed(str(e), started_at)
@@ -238,8 +246,8 @@ class PodWorker:
         """The module of the pod's image (the plan's when prepared for it), or the attempt's
         outcome when there is none."""
         try:
-            if plan is not None and "crash-restores" in self.node.options.faults:
-                raise ImageError(CRASH_RESTORES_MESSAGE)
+            if plan is not None and testing.crashes_restores(self.node.options.faults):
+                raise ImageError(testing.CRASH_RESTORES_MESSAGE)
             module = plan.module_for(self.image) if plan is not None else None
             if module is None:
                 module = await self.node.load_module(self.image, self.pod["metadata"].get("annotations") or {})
@@ -247,13 +255,13 @@ class PodWorker:
             if isinstance(e, ImageError) and "digest mismatch" not in str(e):
                 return self._crashed(f"image {self.image} is no pod: {e}")
             self._pull_failures += 1
-            reason = "ErrImagePull" if self._pull_failures == 1 else "ImagePullBackOff"
+            reason = ContainerReason.ERR_IMAGE_PULL if self._pull_failures == 1 else ContainerReason.IMAGE_PULL_BACK_OFF
             self.state = {"waiting": {"reason": reason, "message": str(e)}}
             self.changed()
             await self.node.events.record(self.pod, "Warning", "Failed", f"Failed to pull image \"{self.image}\": {e}")
             return "retry"
         self._pull_failures = 0
-        self.image_id = f"kube32.io/wasm-sha256:{module.sha256}"
+        self.image_id = IMAGE_REFERENCE_PREFIX + module.sha256
         return module
 
     async def _config(self) -> PodConfig | None:
@@ -303,7 +311,7 @@ class PodWorker:
         self._terminated(code, reason, message, started_at)
         restart = self.policy == "Always" or (self.policy == "OnFailure" and code != 0)
         if not restart:
-            self.phase = "Succeeded" if code == 0 else "Failed"
+            self.phase = PodPhase.SUCCEEDED if code == 0 else PodPhase.FAILED
             self.changed()
             return "done"
         self.restart_count += 1
@@ -333,28 +341,30 @@ class PodWorker:
         await asyncio.to_thread(instance.stop)
         self._forget_instance()
         self.started = False
-        self._terminated(0, "Completed", message, started_at)
+        self._terminated(0, ContainerReason.COMPLETED, message, started_at)
         self.restart_count += 1
-        self.last_state, self.state = self.state, {"waiting": {"reason": "ContainerCreating"}}
+        self.last_state, self.state = self.state, {"waiting": {"reason": ContainerReason.CONTAINER_CREATING}}
         self.changed()
         return "respec"
 
-    def _crashed(self, message: str, started_at: str | None = None) -> str:
-        self._terminated(1, "Error", message, started_at)
+    def _crashed(self, message: str, started_at: str | None = None,
+                 reason: str = ContainerReason.ERROR) -> str:
+        self._terminated(1, reason, message, started_at)
         self.node.spawn(self.node.events.record(self.pod, "Warning", "BackOff", message))
         if self.policy == "Never":
-            self.phase = "Failed"
+            self.phase = PodPhase.FAILED
             self.changed()
             return "done"
         self.restart_count += 1
         self.last_state, self.state = self.state, {}
-        self.phase = "Running"
+        self.phase = PodPhase.RUNNING
         return "crash"
 
     def _terminated(self, code: int, reason: str, message: str, started_at: str | None = None) -> None:
         self.state = {"terminated": {"exitCode": code, "reason": reason, "message": message,
                                      "startedAt": started_at or now(), "finishedAt": now(),
                                      "containerID": self._container_id()}}
+        self.logs.end_run(self.restart_count)   # its follows (kubectl logs -f) end
         self.changed()
 
     def _forget_instance(self) -> None:
@@ -448,7 +458,7 @@ class PodWorker:
 
     def status(self) -> dict[str, Any]:
         ready = self.ready
-        not_ready = "PodCompleted" if self.phase in ("Succeeded", "Failed") else "ContainersNotReady"
+        not_ready = "PodCompleted" if self.phase in PodPhase.TERMINAL else "ContainersNotReady"
         cs: dict[str, Any] = {"name": self.container, "state": self.state, "lastState": self.last_state,
                               "ready": ready, "restartCount": self.restart_count, "image": self.image,
                               "imageID": self.image_id, "started": "running" in self.state}
@@ -456,11 +466,11 @@ class PodWorker:
             cs["containerID"] = self._container_id()
         ip = self.node.ip
         return {"phase": self.phase,
-                "conditions": [self._condition("PodReadyToStartContainers", True),
-                               self._condition("Initialized", True),
-                               self._condition("Ready", ready, not_ready),
-                               self._condition("ContainersReady", ready, not_ready),
-                               self._condition("PodScheduled", True)],
+                "conditions": [self._condition(Condition.POD_READY_TO_START_CONTAINERS, True),
+                               self._condition(Condition.INITIALIZED, True),
+                               self._condition(Condition.READY, ready, not_ready),
+                               self._condition(Condition.CONTAINERS_READY, ready, not_ready),
+                               self._condition(Condition.POD_SCHEDULED, True)],
                 "hostIP": ip, "hostIPs": [{"ip": ip}], "podIP": ip, "podIPs": [{"ip": ip}],
                 "startTime": self.start_time, "qosClass": "BestEffort",
                 "containerStatuses": [cs]}
@@ -487,11 +497,13 @@ class PodWorker:
                 self._written = status
                 self._reported.set()
             except ApiError as e:
-                if e.code in (404, 409, 422):
+                if e.code in (404, 422):   # gone, or the uid test failed: replaced
                     log.debug("pod %s/%s (%s) is gone or replaced: %s", self.namespace, self.name, self.uid, e)
                     self._written = status
                     self._reported.set()
                     continue
+                # 409: other writes of the pod won its turn (this patch names no version, so
+                # it is not stale): written again, as any other failure, a moment later.
                 log.warning("cannot write status of pod %s/%s: %s", self.namespace, self.name, e)
                 await asyncio.sleep(1)
                 self._dirty.set()

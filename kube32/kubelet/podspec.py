@@ -22,12 +22,13 @@ import base64
 import re
 from typing import Any
 
-from .. import movability
+from .. import movability, objects
 from ..client import CONFIGMAPS, SECRETS, ApiError, Client
 from ..wasm import PodConfig
 from ..quantity import parse_bytes, parse_duration_ms
+from ..terms import Annotation
 
-TICK_ANNOTATION = "kube32.io/tick-interval"
+TICK_ANNOTATION = Annotation.TICK_INTERVAL
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
 
@@ -66,7 +67,7 @@ class _Sources:
 
 
 def _field_ref(pod: dict[str, Any], path: str, pod_ip: str) -> str:
-    md, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    md, spec = objects.meta(pod), objects.spec(pod)
     values = {"metadata.name": md.get("name", ""), "metadata.namespace": md.get("namespace", ""),
               "metadata.uid": md.get("uid", ""), "spec.nodeName": spec.get("nodeName", ""),
               "spec.serviceAccountName": spec.get("serviceAccountName", ""),
@@ -121,7 +122,7 @@ async def _env(pod: dict, container: dict, sources: _Sources, pod_ip: str) -> di
 
 
 async def _assets(pod: dict, container: dict, sources: _Sources) -> dict[str, bytes]:
-    volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
+    volumes = {v.get("name"): v for v in objects.spec(pod).get("volumes") or []}
     assets: dict[str, bytes] = {}
     for mount in container.get("volumeMounts") or []:
         vol = volumes.get(mount.get("name"))
@@ -142,7 +143,8 @@ async def _assets(pod: dict, container: dict, sources: _Sources) -> dict[str, by
                               "absolute path without '..'")
         base = mount_path.rstrip("/")
         items = ref.get("items")
-        pairs = [(i.get("key"), i.get("path") or i.get("key")) for i in items] if items else [(k, k) for k in (data or {})]
+        pairs = ([(i.get("key"), i.get("path") or i.get("key")) for i in items] if items
+                 else [(k, k) for k in (data or {})])
         for key, path in pairs:
             if data is None:
                 break
@@ -159,8 +161,8 @@ def _check_item_path(volume: str, path: str) -> None:
 
 
 async def pod_config(client: Client, pod: dict[str, Any], pod_ip: str,
-                     call_timeout_ms: int = 10000) -> PodConfig:
-    md, spec = pod["metadata"], pod.get("spec") or {}
+                     call_timeout_ms: int = 10000, start_timeout_ms: int | None = None) -> PodConfig:
+    md, spec = pod["metadata"], objects.spec(pod)
     container = (spec.get("containers") or [{}])[0]
     ann = md.get("annotations") or {}
     sources = _Sources(client, md["namespace"])
@@ -183,4 +185,5 @@ async def pod_config(client: Client, pod: dict[str, Any], pod_ip: str,
     return PodConfig(namespace=md["namespace"], name=md["name"], container=container.get("name", "main"),
                      env=await _env(pod, container, sources, pod_ip), topics=topics,
                      tick_interval_ms=tick, assets=await _assets(pod, container, sources),
-                     memory_limit_bytes=limit, call_timeout_ms=call_timeout_ms)
+                     memory_limit_bytes=limit, call_timeout_ms=call_timeout_ms,
+                     start_timeout_ms=start_timeout_ms)

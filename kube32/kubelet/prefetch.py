@@ -38,17 +38,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .. import objects, timing
 from ..client import CHECKPOINTS, PODS, Informer
 from ..client.informer import key_of
 from ..wasm import Pod
+from ..terms import CheckpointAction, CheckpointPhase
 from .nodeapi import NodeServices
 from .restore import DataRequest, Prepared, RestorePlan, read_into
 
 log = logging.getLogger("kube32.kubelet.prefetch")
 
 MAX_PREPARING = 4
-WAIT_SECONDS = 50         # the API server's wait for the data (its limit is 60)
-UNCLAIMED_SECONDS = 70.0  # longer than a move's rollback timeout (60 s)
+WAIT_SECONDS = timing.PREFETCH_DATA_WAIT_SECONDS       # the API server's wait for the data (timing says why)
+UNCLAIMED_SECONDS = timing.PREFETCH_UNCLAIMED_SECONDS  # longer than a move's rollback timeout
 SWEEP_SECONDS = 5.0
 
 Obj = dict[str, Any]
@@ -66,19 +68,22 @@ def _came_to_nothing(task: asyncio.Task) -> bool:
 
 
 def _move_toward(ck: Obj, node: str) -> bool:
-    st = ck.get("status") or {}
-    return (ck.get("spec") or {}).get("action") == "Move" and st.get("targetNode") == node \
-        and st.get("phase") in ("Saving", "Moving")
+    st = objects.status(ck)
+    return objects.spec(ck).get("action") == CheckpointAction.MOVE and st.get("targetNode") == node \
+        and st.get("phase") in CheckpointPhase.IN_FLIGHT
 
 
 class Prefetcher:
     """The node's :class:`~.restore.RestoreSource`: a plan with the restore prepared for it,
     when there is one."""
 
-    def __init__(self, node: NodeServices) -> None:
+    def __init__(self, node: NodeServices, informer: Informer | None = None) -> None:
+        """``informer``: the Checkpoints naming this node (default: the node's own watch of
+        them; a unit test gives its own)."""
         self.node = node
         self.node_name = node.options.node_name
-        self.informer = Informer(node.client, CHECKPOINTS, field_selector=f"status.targetNode={self.node_name}")
+        self.informer = informer or Informer(node.client, CHECKPOINTS,
+                                             field_selector=f"status.targetNode={self.node_name}")
         self.informer.add_handler(lambda *_: self._reconcile())
         self._entries: dict[str, _Entry] = {}  # "ns/name" -> the restore begun for it
         self._tried: set[str] = set()          # Checkpoint uids begun once already
@@ -95,8 +100,9 @@ class Prefetcher:
         self._entries.clear()
         await asyncio.gather(*self._background, return_exceptions=True)
 
-    def memory_bytes(self) -> int:
-        return sum(inst.memory_bytes for inst in self._instances)
+    def instances(self) -> list[Pod]:
+        """The instances prepared and not yet claimed (the node counts them in its heap)."""
+        return list(self._instances)
 
     async def plan(self, namespace: str, checkpoint: str) -> RestorePlan:
         """The restore from this Checkpoint: with the restore begun for it, now the plan's
@@ -140,7 +146,7 @@ class Prefetcher:
                 del self._entries[key]
                 self._drop(entry)
         self._tried &= {ck["metadata"].get("uid") for ck in moves.values()}
-        saving = sorted((ck for ck in moves.values() if ck["status"]["phase"] == "Saving"),
+        saving = sorted((ck for ck in moves.values() if ck["status"]["phase"] == CheckpointPhase.SAVING),
                         key=lambda ck: ck["metadata"].get("creationTimestamp") or "")
         for ck in saving:
             if len(self._entries) >= MAX_PREPARING:
@@ -170,7 +176,7 @@ class Prefetcher:
         """Everything of the restore but its finish, as the pod will run here; None when
         anything fails (the worker then restores by itself)."""
         ns, name = ck["metadata"]["namespace"], ck["metadata"]["name"]
-        st = ck.get("status") or {}
+        st = objects.status(ck)
         request: DataRequest | None = None
         instance: Pod | None = None
         try:

@@ -39,24 +39,16 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from .. import testing
 from ..client import CHECKPOINTS, Client
 from ..snapshot import Snapshot, SnapshotError
+from ..terms import Annotation
+from ..urlpath import PathRefused
 from ..wasm import Module, Pod, PodConfig, PodError
 from .nodeapi import NodeServices
 
 log = logging.getLogger("kube32.kubelet.restore")
 
-# Faults a test can inject into the restores of a worker (``kube32-sim worker --fault NAME``,
-# kube32.kubelet.migration.FAULTS), for the reliability suite (tests/e2e/test_faults.py):
-# corrupt-restores flips one byte of every snapshot this node restores, as damage in
-# transfer would; the real checks must then refuse it.  truncate-restores ends the
-# download of every restore halfway.  hang-restores never finishes a restore (a target
-# that never starts the replacement).  crash-restores fails every pod that would restore here
-# before its restore begins, as a node whose runtime cannot load the module would: the
-# container ends terminated with reason Error (not RestoreError) and is restarted with
-# back-off.
-RESTORE_FAULTS = ("corrupt-restores", "truncate-restores", "hang-restores", "crash-restores")
-CRASH_RESTORES_MESSAGE = "injected fault crash-restores: this node cannot load the module of a pod to restore"
 
 
 class RestoreError(Exception):
@@ -64,35 +56,6 @@ class RestoreError(Exception):
 
     def __init__(self, cause: str) -> None:
         super().__init__(f"cannot restore the snapshot: {cause}")
-
-
-class _Corrupting:
-    """A stream that flips one byte past the header (fault injection)."""
-
-    def __init__(self, inner: Any, at: int = 200) -> None:
-        self.inner, self.at, self.pos = inner, at, 0
-
-    async def read(self, n: int) -> bytes:
-        data = await self.inner.read(n)
-        if self.pos <= self.at < self.pos + len(data):
-            i = self.at - self.pos
-            data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
-        self.pos += len(data)
-        return data
-
-
-class _Truncating:
-    """A stream that ends after ``limit`` bytes (fault injection)."""
-
-    def __init__(self, inner: Any, limit: int = 4096) -> None:
-        self.inner, self.left = inner, limit
-
-    async def read(self, n: int) -> bytes:
-        if self.left <= 0:
-            return b""
-        data = await self.inner.read(min(n, self.left))
-        self.left -= len(data)
-        return data
 
 
 class DataRequest:
@@ -105,9 +68,18 @@ class DataRequest:
     def __init__(self, client: Client, namespace: str, checkpoint_name: str, wait_seconds: int = 0) -> None:
         self.checkpoint_name = checkpoint_name
         params = {"waitSeconds": str(wait_seconds)} if wait_seconds else None
-        self.response: asyncio.Future[aiohttp.ClientResponse] = asyncio.ensure_future(client.request(
-            "GET", CHECKPOINTS.path(namespace, checkpoint_name, "data"), params=params,
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=60 + wait_seconds)))
+        self.response: asyncio.Future[aiohttp.ClientResponse]
+        try:
+            # The name comes from the pod's kube32.io/restore-from: one segment of the
+            # pod's own namespace's checkpoints, whatever it holds, or no request at all.
+            path = CHECKPOINTS.path(namespace, checkpoint_name, "data")
+        except PathRefused as e:
+            self.response = asyncio.get_running_loop().create_future()
+            self.response.set_exception(RestoreError(f"{Annotation.RESTORE_FROM} {checkpoint_name!r} does not "
+                                                     f"name a Checkpoint of namespace {namespace}: {e}"))
+            return
+        self.response = asyncio.ensure_future(client.request(
+            "GET", path, params=params, timeout=aiohttp.ClientTimeout(total=None, sock_read=60 + wait_seconds)))
 
     async def close(self) -> None:
         if not self.response.done():
@@ -150,13 +122,7 @@ async def _read(request: DataRequest, prepared: "asyncio.Future[Any]", faults: t
                                    "restart, or dropped to make room)")
             if r.status != 200:
                 raise RestoreError(f"the checkpoint's data could not be read: {r.status} {(await r.text())[:200]}")
-            if "hang-restores" in faults:
-                await asyncio.Event().wait()
-            stream: Any = r.content
-            if "corrupt-restores" in faults:
-                stream = _Corrupting(stream)
-            if "truncate-restores" in faults:
-                stream = _Truncating(stream)
+            stream = await testing.restore_stream(faults, r.content)
             return await reader.read_async(stream)
     except SnapshotError as e:
         raise RestoreError(str(e)) from None

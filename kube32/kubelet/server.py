@@ -1,20 +1,24 @@
 """The kubelet's endpoint: what the API server forwards to this node.
 
-TLS with the node's certificate from the cluster CA (see :mod:`.join`; plain
-HTTP only with ``--kubelet-insecure-http``).  Every request but ``/healthz``
-comes from the API server: either with its client certificate (signed by the
-cluster CA, ``CN=system:kube-apiserver-kubelet-client``) or with a bearer token
-that the API server's TokenReview says is ``system:kube-apiserver`` or
-``system:kube-apiserver-kubelet-client`` (positive answers cached for
-:data:`AUTH_CACHE_SECONDS`): 401 without a valid credential, 403 for anyone else.  Paths live in :data:`ROUTES` (the checkpoint and thaw
-endpoints of the migration work plug in there):
+TLS with the node's certificate from the kubelet-serving signer, for its address and
+its node's name (see :mod:`.join`; plain HTTP only with ``--kubelet-insecure-http``).
+Every request but ``/healthz`` comes from the API server, with a credential no other
+node could have passed on (kube32.apiserver.kubeletcredentials): its client
+certificate (signed by the API server CA, ``CN=system:kube-apiserver-kubelet-client``),
+or a bearer token that the API server's TokenReview says is
+``system:kube-apiserver-kubelet-client`` *bound to this node* (``user.extra``
+``authentication.kubernetes.io/node-name``; positive answers cached for
+:data:`AUTH_CACHE_SECONDS`).  401 without a valid credential, 403 for anyone else,
+a token bound to another node included.  Paths live in
+:data:`ROUTES` (the checkpoint and thaw endpoints of the migration work plug in there):
 
 * ``/pods/<ns>/<pod>/http/<path>``: one request into the pod's ``k32_handle``;
   a frozen pod answers 503 with ``Retry-After: 1``.  Every refusal of a request the
   pod never began (frozen, moved away, not running) carries
   :data:`~kube32.holding.NOT_STARTED`, and no answer of a pod does (the header is
   dropped from it): the proxies hold and re-send only what is so marked.
-* ``/containerLogs/<ns>/<pod>/<container>?follow=&tailLines=&timestamps=&previous=&sinceSeconds=&sinceTime=&limitBytes=``.
+* ``/containerLogs/<ns>/<pod>/<container>``, with ``follow``, ``tailLines``, ``timestamps``, ``previous``,
+  ``sinceSeconds``, ``sinceTime`` and ``limitBytes``.
 * ``/checkpoint/<ns>/<pod>/<container>``, ``/thaw/...`` and ``/images/pull``: see :mod:`.migration`.
 * ``/devices/keyboard?key=K[&namespace=NS]``: a key press on a node with a
   keyboard, published on the topic ``keyboard``.
@@ -33,27 +37,32 @@ import asyncio
 import datetime as dt
 import ssl
 import time
+from concurrent.futures import Future
 from typing import Any, Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
-from .. import holding, serving, urlpath
+from .. import holding, objects, serving, urlpath
 from ..client import ApiError, Client
+from ..terms import NODE_NAME_EXTRA, ContainerReason
 from ..wasm import HttpRequest, PodError, PodFrozen
 from . import migration
 from .agent import NodeAgent
 from .logs import format_line, rfc3339_nano
+from .ordering import OrderGate
 from .pods import PodWorker
 
 AUTH_CACHE_SECONDS = 60.0
 MAX_BODY = 16 << 20          # a request body for a pod; larger ones are refused with 413
-ALLOWED_USER = "system:kube-apiserver"
-# Who may call: the API server by its client certificate (CN) or by token (TokenReview).
-ALLOWED_USERS = frozenset({ALLOWED_USER, "system:kube-apiserver-kubelet-client"})
+# Who may call: the API server, by its client certificate (CN) or by a token bound to
+# this node (TokenReview's extra NODE_NAME_EXTRA).  kube32.apiserver.auth's KUBELET_CLIENT.
+API_SERVER_CLIENT = "system:kube-apiserver-kubelet-client"
 PUBLIC = frozenset({"/healthz"})
 Handler = Callable[[NodeAgent, web.Request], Awaitable[web.StreamResponse]]
 DROP_HEADERS = frozenset({"host", "authorization", "connection", "keep-alive", "transfer-encoding",
-                          "content-length", "x-forwarded-for", "x-forwarded-uri", "accept-encoding"})
+                          "content-length", "x-forwarded-for", "x-forwarded-uri", "accept-encoding",
+                          holding.ORDER.lower()})
+ORDER_GATE = web.AppKey("order_gate", OrderGate)
 
 
 # Of a pod's answer: framing the server sets, and the kubelet's own mark (no pod forges it).
@@ -69,27 +78,35 @@ def _not_started(text: str, why: str) -> web.Response:
     return _text(503, text, {"Retry-After": "1", holding.NOT_STARTED: why})
 
 
+class Reviewed(NamedTuple):
+    """Who a token is (TokenReview): the user, and the node it is bound to ("" for none)."""
+    user: str
+    node: str
+
+
 class TokenCheck:
     """TokenReview with a cache of positive answers (negative ones are asked again)."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self._cache: dict[str, tuple[float, str]] = {}
+        self._cache: dict[str, tuple[float, Reviewed]] = {}
 
-    async def user(self, token: str) -> str | None:
+    async def review(self, token: str) -> Reviewed | None:
         hit = self._cache.get(token)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
         out = await self.client.post_json("/apis/authentication.k8s.io/v1/tokenreviews", review)
-        status = out.get("status") or {}
+        status = objects.status(out)
         if not status.get("authenticated"):
             return None
-        name = (status.get("user") or {}).get("username", "")
+        user = status.get("user") or {}
+        nodes = (user.get("extra") or {}).get(NODE_NAME_EXTRA) or []
+        reviewed = Reviewed(str(user.get("username", "")), str(nodes[0]) if len(nodes) == 1 else "")
         if len(self._cache) > 1024:
             self._cache.clear()
-        self._cache[token] = (time.monotonic() + AUTH_CACHE_SECONDS, name)
-        return name
+        self._cache[token] = (time.monotonic() + AUTH_CACHE_SECONDS, reviewed)
+        return reviewed
 
 
 def _client_cn(request: web.Request) -> str | None:
@@ -134,13 +151,14 @@ async def confine(request: web.Request, handler):
 
 def build_app(kubelet: NodeAgent) -> web.Application:
     check = TokenCheck(kubelet.client)
+    me = kubelet.options.node_name
 
     @web.middleware
     async def auth(request: web.Request, handler):
         if request.path in PUBLIC:
             return await handler(request)
         cn = _client_cn(request)
-        if cn in ALLOWED_USERS:
+        if cn == API_SERVER_CLIENT:
             return await _limited(request, handler)
         if cn is not None:
             return _text(403, f'Forbidden: "{cn}" may not use the kubelet API')
@@ -148,16 +166,22 @@ def build_app(kubelet: NodeAgent) -> web.Application:
         if not header.lower().startswith("bearer ") or not header[7:].strip():
             return _text(401, "Unauthorized: a bearer token is required")
         try:
-            user = await check.user(header[7:].strip())
+            reviewed = await check.review(header[7:].strip())
         except ApiError as e:
-            return _text(503, f"cannot check the token with the API server: {e.message}")
-        if user is None:
+            # Refused before any handler ran: nothing began, so it is marked as a frozen pod's is.
+            return _not_started(f"cannot check the token with the API server: {e.message}", holding.UNCHECKED)
+        if reviewed is None:
             return _text(401, "Unauthorized: the token is not valid")
-        if user not in ALLOWED_USERS:
-            return _text(403, f'Forbidden: user "{user}" may not use the kubelet API')
+        if reviewed.user != API_SERVER_CLIENT:
+            return _text(403, f'Forbidden: user "{reviewed.user}" may not use the kubelet API')
+        if reviewed.node != me:
+            # The token the API server gave another node: that node could replay it here.
+            bound = f'node "{reviewed.node}"' if reviewed.node else "no node"
+            return _text(403, f'Forbidden: this token is bound to {bound}, not to node "{me}"')
         return await _limited(request, handler)
 
     app = web.Application(middlewares=[serving.track_requests, confine, auth], client_max_size=MAX_BODY)
+    app[ORDER_GATE] = OrderGate()
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, _bind(kubelet, handler))
     return app
@@ -173,8 +197,8 @@ async def healthz(kl: NodeAgent, request: web.Request) -> web.Response:
     return _text(200, "ok")
 
 
-async def pod_http(kl: NodeAgent, request: web.Request) -> web.Response:
-    ns, name = request.match_info["ns"], request.match_info["pod"]
+async def _into_pod(kl: NodeAgent, request: web.Request, ns: str, name: str) -> "Future[Any] | web.Response":
+    """Queue the request into its pod: the call's future, or the refusal."""
     worker = kl.worker_by_name(ns, name)
     if worker is None and kl.moved_away_lately(ns, name):
         return _not_started(f'pod "{ns}/{name}" moved away from node "{kl.options.node_name}"', holding.MOVED_AWAY)
@@ -187,11 +211,20 @@ async def pod_http(kl: NodeAgent, request: web.Request) -> web.Response:
     req = HttpRequest(request.method, "/" + request.match_info[TAIL], request.rel_url.raw_query_string, headers,
                       await request.read())
     try:
-        fut = inst.handle(req)
+        return inst.handle(req)
     except PodFrozen:
         return _not_started(f'pod "{ns}/{name}" is frozen', holding.FROZEN)
     except PodError as e:   # not running: the request was not queued
         return _not_started(f'pod "{ns}/{name}" cannot serve: {e}', holding.NOT_RUNNING)
+
+
+async def pod_http(kl: NodeAgent, request: web.Request) -> web.Response:
+    ns, name = request.match_info["ns"], request.match_info["pod"]
+    # A held request the API server numbered goes into the pod after the one before it.
+    async with request.app[ORDER_GATE].turn(ns, name, request.headers.get(holding.ORDER)):
+        fut = await _into_pod(kl, request, ns, name)
+    if isinstance(fut, web.Response):
+        return fut
     try:
         resp = await asyncio.wait_for(asyncio.wrap_future(fut), kl.options.call_timeout_ms / 1000 + 5)
     except PodFrozen:   # queued, then the freeze came first: the call never began
@@ -267,9 +300,9 @@ def log_run(worker: PodWorker, previous: bool) -> int | str:
         return worker.restart_count
     if "terminated" in last:
         return worker.restart_count - 1
-    reason = (state.get("waiting") or {}).get("reason", "ContainerCreating")
-    why = {"ErrImagePull": "image can't be pulled",
-           "ImagePullBackOff": "trying and failing to pull image"}.get(reason, reason)
+    reason = (state.get("waiting") or {}).get("reason", ContainerReason.CONTAINER_CREATING)
+    why = {ContainerReason.ERR_IMAGE_PULL: "image can't be pulled",
+           ContainerReason.IMAGE_PULL_BACK_OFF: "trying and failing to pull image"}.get(reason, reason)
     return f'container "{worker.container}" in pod "{worker.name}" is waiting to start: {why}'
 
 

@@ -38,6 +38,9 @@ import yaml
 from rich.console import Console
 from rich.panel import Panel
 
+from .. import objects
+from ..terms import IMAGE_REFERENCE_PREFIX, Annotation, CheckpointPhase, Label, Trigger
+
 ROOT = Path(__file__).resolve().parents[2]
 COUNTER_WASM = ROOT / "examples" / "pods" / "counter.wasm"
 POD = "counter"
@@ -212,9 +215,9 @@ def worker_pid(c: Cluster, node: str) -> int:
 def pod_manifest(image: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": POD, "labels": {"app": POD},
-                         "annotations": {"kube32.io/checkpoint-interval": "10s",
-                                         "kube32.io/events": "greet",
-                                         "kube32.io/tick-interval": "500ms"}},
+                         "annotations": {Annotation.CHECKPOINT_INTERVAL: "10s",
+                                         Annotation.TOPICS: "greet",
+                                         Annotation.TICK_INTERVAL: "500ms"}},
             "spec": {"nodeName": "sim-1", "containers": [{"name": "main", "image": image}]}}
 
 
@@ -232,7 +235,7 @@ def ready_pod(c: Cluster, what: str, timeout: float = 40,
               accept: Callable[[dict[str, Any]], bool] = lambda p: True) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         p = pod(c)
-        statuses = (p.get("status") or {}).get("containerStatuses") or [{}]
+        statuses = objects.status(p).get("containerStatuses") or [{}]
         return p if statuses[0].get("ready") and accept(p) else None
     with console.status(f"waiting for {what}"):
         return wait_for(what, check, timeout)
@@ -249,7 +252,7 @@ def continued(before: dict[str, Any], after: dict[str, Any], restores: int) -> N
 def periodic_checkpoints(c: Cluster) -> list[dict[str, Any]]:
     return [ck for ck in get_json(c, "checkpoints")["items"]
             if ck["spec"]["podName"] == POD
-            and (ck["metadata"].get("labels") or {}).get("kube32.io/trigger") == "periodic"]
+            and objects.labels(ck).get(Label.TRIGGER) == Trigger.PERIODIC]
 
 
 # ---------------------------------------------------------------- the story
@@ -266,7 +269,7 @@ def story(c: Cluster, pod_file: Path) -> None:
 
     chapter("2. A request pod: the counter, built from examples/pods/counter.c")
     image = sh(c, ["kube32-cli", "image", "push", str(COUNTER_WASM.relative_to(ROOT))]).strip()
-    expect(image.startswith("kube32.io/wasm-sha256:"), "the module is in the control plane's image store")
+    expect(image.startswith(IMAGE_REFERENCE_PREFIX), "the module is in the control plane's image store")
     pod_file.write_text(yaml.safe_dump(pod_manifest(image), sort_keys=False))
     prompt(["cat", str(pod_file)])
     console.print(pod_file.read_text().rstrip(), markup=False)
@@ -307,9 +310,9 @@ def story(c: Cluster, pod_file: Path) -> None:
     with console.status("waiting for a periodic checkpoint taken after the last request"):
         saved = wait_for("a periodic checkpoint of the counter on sim-1", lambda: next(
             (ck for ck in periodic_checkpoints(c) if ck["metadata"]["name"] not in seen
-             and (ck.get("status") or {}).get("phase") == "Saved" and ck["status"].get("nodeName") == "sim-1"),
+             and objects.phase(ck) == CheckpointPhase.SAVED and ck["status"].get("nodeName") == "sim-1"),
             None), 30, 0.5)
-    sh(c, ["kubectl", "get", "checkpoints", "-l", "kube32.io/trigger=periodic"])
+    sh(c, ["kubectl", "get", "checkpoints", "-l", f"{Label.TRIGGER}={Trigger.PERIODIC}"])
     pid = worker_pid(c, "sim-1")
     prompt(["kill", "-9", str(pid)], "the worker process of sim-1 (its parent is kube32-sim up)")
     os.kill(pid, signal.SIGKILL)
@@ -323,9 +326,11 @@ def story(c: Cluster, pod_file: Path) -> None:
     expect(restored["spec"]["nodeName"] == "sim-2", "the counter runs on sim-2 again")
     after_loss = ask(c)
     continued(before_loss, after_loss, 3)
-    events = wait_for("the Restored event", lambda: (e := sh(c, [
-        "kubectl", "get", "events", "--field-selector", f"involvedObject.name={POD},reason=Restored"],
-        quiet=True)) and saved["metadata"]["name"] in e and e, 15)
+    def restored_event() -> str | None:
+        out = sh(c, ["kubectl", "get", "events", "--field-selector", f"involvedObject.name={POD},reason=Restored"],
+                 quiet=True)
+        return out if out and saved["metadata"]["name"] in out else None
+    events = wait_for("the Restored event", restored_event, 15)
     sh(c, ["kubectl", "get", "events", "--field-selector", f"involvedObject.name={POD},reason=Restored"])
     expect(saved["metadata"]["name"] in events, f"Restored names {saved['metadata']['name']} and its age")
 

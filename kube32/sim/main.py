@@ -8,13 +8,18 @@ import re
 import sys
 from pathlib import Path
 
+from .. import timing
 from ..apiserver.auth import TokenFileError
-from ..apiserver.pki import PKIError
 from ..controllers.base import ControllerOptions
+from ..controllers.leaderelection import LeaderElectionTimings
 from ..apiserver.checkpointdata import BOARD_CAPACITY, SIM_CAPACITY
 from ..quantity import parse_bytes
+from ..store import StoreError
+from ..store.config import StoreSpec, parse_store
 from ..wasm import ENGINES
 from .controlplane import ControlPlaneOptions, run_control_plane
+from .etcd import EtcdError
+from .fleet import MAX_NODES, add_fleet_flags, main_fleet
 from .worker import add_node_flags, kubelet_options, run_worker
 
 
@@ -42,11 +47,25 @@ TIMINGS = [
     ("--pod-eviction-timeout", 300.0, "how long pods stay on a not-ready/unreachable node without a toleration "
                                       "saying otherwise"),
     ("--node-monitor-period", 1.0, "how often node health is checked"),
-    ("--move-rollback-timeout", 60.0, "a moved pod's replacement not running by then goes back to its source"),
+    ("--move-rollback-timeout", timing.MOVE_ROLLBACK_SECONDS,
+     "a moved pod's replacement not running by then goes back to its source"),
     ("--checkpoint-retention", 3600.0, "finished Checkpoints other than the latest periodic ones go after this"),
     ("--pressure-move-cooldown", 60.0, "memory pressure moves at most one pod per node per this"),
     ("--auto-move-cooldown", 600.0, "a pod with the Auto policy moves on its own at most once per this"),
+    ("--job-backoff", timing.JOB_BACKOFF_SECONDS, "a Job makes the next pod this long after a failed one "
+                                                 "(doubling per failure)"),
+    # Leader election of the controllers among control planes (kube-controller-manager's flags).
+    ("--leader-elect-lease-duration", 15.0, "a leader not renewing its Lease this long is replaced"),
+    ("--leader-elect-renew-deadline", 10.0, "a leader that could not renew this long stops leading"),
+    ("--leader-elect-retry-period", 2.0, "how often candidates try and the leader renews"),
 ]
+
+
+def store_flag(text: str) -> StoreSpec:
+    try:
+        return parse_store(text)
+    except StoreError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_control_plane_timings(p: argparse.ArgumentParser, forward: bool = False) -> None:
@@ -61,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cp = sub.add_parser("control-plane", help="run the API server, controllers and the control plane's node")
     cp.add_argument("--data-dir", type=Path, required=True, help="where objects and credentials live")
+    cp.add_argument("--store", type=store_flag, default=StoreSpec(), metavar="STORE",
+                    help="where objects live: sqlite (the default: DATA_DIR/state.db) or "
+                         "etcd://HOST:PORT[,HOST:PORT...] (an etcd v3 cluster)")
     cp.add_argument("--port", type=int, default=6443, help="API server port (0 = any free port)")
     cp.add_argument("--host", default="127.0.0.1", help="address to listen on")
     cp.add_argument("--insecure-http", action="store_true",
@@ -84,10 +106,28 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--data-dir", type=Path, help="where the node caches images and compiled code")
     add_node_flags(w, default_profile="laptop")
 
+    fl = sub.add_parser("fleet", help="run N simulated boards, each a real kubelet, in one process")
+    fl.add_argument("--kubeconfig", type=Path, required=True,
+                    help="the control plane's node.kubeconfig (server address and bootstrap token)")
+    fl.add_argument("--server", help="API server URL (default: the kubeconfig's)")
+    fl.add_argument("--data-dir", type=Path, help="where the nodes cache images and compiled code")
+    add_fleet_flags(fl)
+    add_node_flags(fl, default_profile="devkit")
+
     up = sub.add_parser("up", help="control plane plus N workers as child processes, in one command")
     up.add_argument("--workers", type=int, default=2, help="number of workers sim-1 ... sim-N (default 2)")
+    up.add_argument("--fleet", type=int, default=0, metavar="N",
+                    help="also a fleet of N boards in one process (fleet-1 ... fleet-N, devkit profile; "
+                         "see `kube32-sim fleet`)")
     up.add_argument("--data-dir", type=Path, required=True, help="the control plane's data directory")
-    up.add_argument("--port", type=int, default=6443, help="API server port (0 = any free port)")
+    up.add_argument("--port", type=int, default=6443,
+                    help="API server port (0 = any free port; control plane i listens on PORT+i-1)")
+    up.add_argument("--control-planes", type=int, default=1, metavar="N",
+                    help="run N control planes on one etcd, the controllers on one of them at a time "
+                         "(needs --store etcd; default 1)")
+    up.add_argument("--store", default="sqlite", metavar="STORE",
+                    help="sqlite (the default), etcd (an etcd cluster of its own, one member per control "
+                         "plane) or etcd://HOST:PORT[,HOST:PORT...]")
     up.add_argument("--interp-mops", help="interpreter speed every node reports instead of measuring it on its engine")
     up.add_argument("--engine", choices=tuple(ENGINES),
                     help="the Wasm engine of every node (default: each node's profile's)")
@@ -98,6 +138,16 @@ def _parser() -> argparse.ArgumentParser:
                     help="the control plane's memory for all checkpoint data (default 16Mi; e.g. 128Mi "
                          "for 64 MiB pods)")
     return p
+
+
+def leader_election(args: argparse.Namespace) -> LeaderElectionTimings:
+    timings = LeaderElectionTimings(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
+                                    args.leader_elect_retry_period)
+    try:
+        timings.check()
+    except ValueError as e:
+        raise SystemExit(f"kube32-sim: {e}") from None
+    return timings
 
 
 def checkpoint_space(args: argparse.Namespace, argv: list[str]) -> int:
@@ -124,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             opts = ControlPlaneOptions(data_dir=args.data_dir, host=args.host, port=args.port,
                                        insecure_http=args.insecure_http, kubelet=kubelet,
                                        checkpoint_space=checkpoint_space(args, argv),
-                                       token_auth_file=args.token_auth_file,
+                                       token_auth_file=args.token_auth_file, store=args.store,
                                        controllers=ControllerOptions(
                                            node_monitor_grace_seconds=args.node_monitor_grace_period,
                                            pod_eviction_timeout_seconds=args.pod_eviction_timeout,
@@ -132,15 +182,19 @@ def main(argv: list[str] | None = None) -> int:
                                            move_rollback_seconds=args.move_rollback_timeout,
                                            checkpoint_retention_seconds=args.checkpoint_retention,
                                            pressure_move_cooldown_seconds=args.pressure_move_cooldown,
-                                           auto_move_cooldown_seconds=args.auto_move_cooldown))
+                                           auto_move_cooldown_seconds=args.auto_move_cooldown,
+                                           job_backoff_seconds=args.job_backoff),
+                                       leader_election=leader_election(args))
             return asyncio.run(run_control_plane(opts))
         if args.command == "worker":
             opts_w = kubelet_options(args, args.name, data_dir=args.data_dir)
             return asyncio.run(run_worker(args.kubeconfig, args.server, opts_w))
+        if args.command == "fleet":
+            return main_fleet(args)
         if args.command == "up":
             from .up import run_up
-            if args.workers < 0:
-                print("kube32-sim up: --workers must be 0 or more", file=sys.stderr)
+            if args.workers < 0 or not 0 <= args.fleet <= MAX_NODES:
+                print(f"kube32-sim up: --workers must be 0 or more, --fleet 0 to {MAX_NODES}", file=sys.stderr)
                 return 2
             node_args: list[str] = []
             for flag in ("interp_mops", "lease_interval", "backoff", "engine"):
@@ -153,8 +207,16 @@ def main(argv: list[str] | None = None) -> int:
                     cp_args += [flag, f"{value:g}s"]
             if args.checkpoint_space:
                 cp_args += ["--checkpoint-space", args.checkpoint_space]
-            return asyncio.run(run_up(args.data_dir, args.workers, args.port, node_args, cp_args))
-    except (OSError, TokenFileError, PKIError) as e:
+            if args.store != "etcd":
+                parse_store(args.store)  # a bad URL: StoreError naming its cause
+            if args.control_planes < 1 or (args.control_planes > 1 and args.store == "sqlite"):
+                print("kube32-sim up: --control-planes N needs N >= 1, and --store etcd when N > 1 "
+                      "(one SQLite file has one control plane)", file=sys.stderr)
+                return 2
+            return asyncio.run(run_up(args.data_dir, args.workers, args.port, node_args, cp_args,
+                                      control_planes=args.control_planes, store=args.store,
+                                      fleet=args.fleet))
+    except (OSError, TokenFileError, StoreError, EtcdError) as e:
         print(f"kube32-sim: cannot start {args.command}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -17,9 +17,9 @@ from pathlib import Path
 from ..client import Client
 from ..kubelet import Kubelet, KubeletOptions
 from ..kubelet.drain import drain_self
-from ..kubelet.migration import FAULTS
+from ..testing import WORKER_FAULTS
 from ..quantity import parse_bytes
-from ..wasm import ENGINES, engine_class
+from ..wasm import ENGINES, Runtime, engine_class
 from .profiles import profile
 
 
@@ -37,14 +37,15 @@ def add_node_flags(p: argparse.ArgumentParser, *, default_profile: str, port_fla
     p.add_argument("--engine", choices=tuple(ENGINES),
                    help="the Wasm engine that runs the node's pods: wasmtime (compiled) or pwasm "
                         "(pure Python, any CPU); default: the profile's (pwasm for devkit and cardputer)")
-    p.add_argument("--interp-mops", type=float, help="interpreter speed to report instead of measuring it on the engine")
+    p.add_argument("--interp-mops", type=float,
+                   help="interpreter speed to report instead of measuring it on the engine")
     p.add_argument("--lease-interval", type=float, default=10.0, help="seconds between Lease renewals")
     p.add_argument("--status-interval", type=float, default=10.0, help="seconds between node status reports")
     p.add_argument("--backoff", type=float, default=10.0, help="first restart back-off in seconds (doubles to 300)")
     p.add_argument("--kubelet-insecure-http", action="store_true",
                    help="serve the kubelet endpoint over plain HTTP instead of TLS (debugging only)")
-    p.add_argument("--fault", action="append", default=[], choices=FAULTS, metavar="FAULT",
-                   help="inject a fault, for reliability tests: " + ", ".join(FAULTS))
+    p.add_argument("--fault", action="append", default=[], choices=WORKER_FAULTS, metavar="FAULT",
+                   help="inject a fault, for reliability tests: " + ", ".join(WORKER_FAULTS))
 
 
 def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool = False,
@@ -54,7 +55,8 @@ def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool 
         heap = parse_bytes(args.heap) if args.heap else prof.heap_bytes
     except ValueError as e:
         raise SystemExit(f"kube32-sim: --heap: {e}") from None
-    devices = tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices is not None else prof.devices
+    devices = (tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices is not None
+               else prof.devices)
     engine = args.engine or prof.engine
     try:
         engine_class(engine)
@@ -67,32 +69,61 @@ def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool 
                           devices=devices, max_pods=prof.max_pods, interp_mops=args.interp_mops, engine=engine,
                           control_plane=control_plane, lease_interval=args.lease_interval,
                           status_interval=args.status_interval, backoff_base=args.backoff,
-                          data_dir=data_dir, faults=tuple(args.fault))
+                          data_dir=data_dir, faults=tuple(args.fault), insecure_http=args.kubelet_insecure_http)
 
 
-async def run_worker(kubeconfig: Path, server: str | None, opts: KubeletOptions) -> int:
-    client = Client.from_kubeconfig(kubeconfig, user_agent=f"kubelet/{opts.node_name}")
+def node_client(kubeconfig: Path, server: str | None, name: str) -> Client:
+    """A node's client before its join: the kubeconfig's bootstrap token, ``server``
+    (when given) instead of the kubeconfig's address."""
+    client = Client.from_kubeconfig(kubeconfig, user_agent=f"kubelet/{name}")
     if server:
         client.server = server.rstrip("/")
-    kubelet = Kubelet(client, opts)
+    return client
+
+
+async def start_node(client: Client, opts: KubeletOptions, runtime: Runtime | None = None) -> Kubelet:
+    """One kubelet joined and started on ``client`` (which carries the node's own token
+    from then on); the one path every simulated node takes: a worker, the control
+    plane's node, each node of a fleet (``runtime``: the fleet's shared one).  The client
+    is closed when the node cannot start."""
+    kubelet = Kubelet(client, opts, runtime)
     try:
         await kubelet.start()
-    except Exception:
+    except BaseException:
         await client.close()
         raise
-    print(f"kube32 worker {opts.node_name} ({opts.profile}) joined {client.server}; "
-          f"kubelet on {kubelet.ip}:{kubelet.port}, engine {kubelet.runtime.engine.runtime_version}, "
-          f"interp-mops {kubelet.interp_mops:.2f}", flush=True)
+    return kubelet
+
+
+async def stop_node(kubelet: Kubelet, *, drain: bool) -> list[str]:
+    """Stop a node started by :func:`start_node`: drained first (its pods evicted: a
+    movable pod moves) when ``drain``, then its pods stop and its Node is marked
+    NotReady.  The pods still there after the drain's 20 s, by name."""
+    left = await drain_self(kubelet) if drain else []
+    await kubelet.stop()
+    await kubelet.client.close()
+    return left
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGINT or SIGTERM sets: the process's stop (a worker's, the control
+    plane's node's)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
+
+
+async def run_worker(kubeconfig: Path, server: str | None, opts: KubeletOptions) -> int:
+    kubelet = await start_node(node_client(kubeconfig, server, opts.node_name), opts)
+    print(f"kube32 worker {opts.node_name} ({opts.profile}) joined {kubelet.client.server}; "
+          f"kubelet on {kubelet.ip}:{kubelet.port}, engine {kubelet.runtime.engine.runtime_version}, "
+          f"interp-mops {kubelet.interp_mops:.2f}", flush=True)
+    await stop_on_signals().wait()
     print(f"kube32 worker {opts.node_name} draining (up to 20 s)", flush=True)
-    left = await drain_self(kubelet)
+    left = await stop_node(kubelet, drain=True)
     if left:
         print(f"kube32 worker {opts.node_name}: still here after 20 s: {', '.join(left)}", flush=True)
-    print(f"kube32 worker {opts.node_name} stopping", flush=True)
-    await kubelet.stop()
-    await client.close()
+    print(f"kube32 worker {opts.node_name} stopped", flush=True)
     return 0

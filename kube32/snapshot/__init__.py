@@ -11,19 +11,21 @@ Layering: this package imports nothing else of Kube32.
 """
 
 from .format import (
-    CAUSES, HEADER_SIZE, MAGIC, NULL_FUNC, PAGE_SIZE, SECTION_CHANNELS, SECTION_EVENTS,
+    CAUSES, HEADER_SIZE, MAGIC, MAX_CHANNEL_HANDLE, MAX_CHANNEL_NAME, MAX_CHANNELS, MAX_EVENT_BYTES,
+    MAX_EVENTS, MAX_GLOBALS, MAX_TABLES, NULL_FUNC, PAGE_SIZE, SECTION_CHANNELS, SECTION_EVENTS,
     SECTION_GLOBALS, SECTION_MEMORY, SECTION_NAMES, SECTION_TABLE, TRAILER_SIZE, VALTYPE_F32,
     VALTYPE_F64, VALTYPE_FUNCREF, VALTYPE_I32, VALTYPE_I64, VALTYPE_NAMES, VERSION, ChannelState,
     GlobalState, Header, HeldEvent, PodState, SectionInfo, Snapshot, SnapshotError, TableState,
 )
 from .reader import ModuleShape, SnapshotReader
-from .writer import SnapshotWriter
+from .writer import SnapshotWriter, snapshot_size
 
 __all__ = [
     "SnapshotError", "Header", "GlobalState", "TableState", "ChannelState", "HeldEvent", "PodState",
-    "ModuleShape", "Snapshot", "SnapshotWriter", "SnapshotReader", "SectionInfo",
+    "ModuleShape", "Snapshot", "SnapshotWriter", "snapshot_size", "SnapshotReader", "SectionInfo",
     "MAGIC", "VERSION", "HEADER_SIZE", "TRAILER_SIZE", "PAGE_SIZE", "CAUSES",
     "SECTION_MEMORY", "SECTION_GLOBALS", "SECTION_TABLE", "SECTION_CHANNELS", "SECTION_EVENTS",
     "SECTION_NAMES", "VALTYPE_I32", "VALTYPE_I64", "VALTYPE_F32", "VALTYPE_F64", "VALTYPE_FUNCREF",
-    "VALTYPE_NAMES", "NULL_FUNC",
+    "VALTYPE_NAMES", "NULL_FUNC", "MAX_CHANNELS", "MAX_CHANNEL_NAME", "MAX_CHANNEL_HANDLE", "MAX_EVENTS",
+    "MAX_EVENT_BYTES", "MAX_GLOBALS", "MAX_TABLES",
 ]

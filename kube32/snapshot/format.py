@@ -16,6 +16,15 @@ u32 size, u32 function index per entry, 0xFFFFFFFF = null; one per table),
 length, UTF-8 topic, u32 payload length, payload).  A reader skips types it
 does not know.
 
+Bounds (below, MAX_*): a snapshot holds no more than one pod can have - 16 channels
+under distinct handles 1..2^31-1 with names of 1-255 bytes (the pod ABI's
+kube32_channel_open), 1024 queued events of 1 MiB of topics and payloads together (a
+pod's queue), 100,000 mutable globals and 100 tables (what a module may declare).  A
+snapshot is its uploader's data (``edit`` may PUT checkpoints/data), and the node
+builds something per entry of these sections: the decoders refuse more (`Malformed`)
+before they build it, and the reader refuses a section longer than its kind's most
+(`max_section_length`) at its head, before buffering it.
+
 Invariants kept here:
 - `memory_bytes <= memory_pages * 65536` (bytes may be fewer: a pod whose limit
   is below one page has one page with only the limit backed), never more.
@@ -75,6 +84,18 @@ U16 = struct.Struct("<H")
 U32 = struct.Struct("<I")
 
 assert HEADER_STRUCT.size == HEADER_SIZE
+
+# Bounds of K32S v1: what one pod can have (see the module docstring).  The pod ABI
+# (kube32.wasm.abi, kube32.wasm.hostcalls), the pod's event queue (kube32.wasm.pod) and
+# the module reader (kube32.wasm.binary) take theirs from here, so nothing a pod can
+# hold is refused on restore.
+MAX_CHANNELS = 16              # open channels of a pod (kube32_channel_open: K32_ENOSPC beyond)
+MAX_CHANNEL_NAME = 255         # bytes of a channel name (kube32_channel_open: K32_EINVAL beyond)
+MAX_CHANNEL_HANDLE = 0x7FFFFFFF  # a handle is a positive i32: negative ones are the ABI's errors
+MAX_EVENTS = 1024              # events a pod's queue holds, so a snapshot carries at most
+MAX_EVENT_BYTES = 1 << 20      # bytes of their topics and payloads together
+MAX_GLOBALS = 100_000          # mutable globals of a module (kube32.wasm.binary refuses more)
+MAX_TABLES = 100               # tables of a module (wasmparser's MAX_WASM_TABLES, kube32.wasmformat)
 
 # Refusal causes (SnapshotError.cause).
 CAUSES = (
@@ -209,9 +230,24 @@ def encode_globals(globals_: tuple[GlobalState, ...]) -> bytes:
     return bytes(out)
 
 
+def max_section_length(type_: int) -> int | None:
+    """The most bytes a section of this small kind can hold within the bounds; None:
+    not one of the bounded kinds (MEMORY, TABLE and unknown types have other limits)."""
+    if type_ == SECTION_CHANNELS:
+        return MAX_CHANNELS * (U32.size + U16.size + MAX_CHANNEL_NAME)
+    if type_ == SECTION_EVENTS:
+        return MAX_EVENTS * (U16.size + U32.size) + MAX_EVENT_BYTES
+    if type_ == SECTION_GLOBALS:
+        return MAX_GLOBALS * GLOBAL_STRUCT.size
+    return None
+
+
 def decode_globals(body: bytes) -> tuple[GlobalState, ...]:
     if len(body) % GLOBAL_STRUCT.size:
         raise Malformed(f"the GLOBALS section is {len(body)} bytes, not a multiple of {GLOBAL_STRUCT.size}")
+    if len(body) // GLOBAL_STRUCT.size > MAX_GLOBALS:
+        raise Malformed(f"the GLOBALS section holds {len(body) // GLOBAL_STRUCT.size} globals, "
+                        f"more than the {MAX_GLOBALS} mutable globals a module may have")
     out = []
     seen: set[int] = set()
     for index, valtype, bits in GLOBAL_STRUCT.iter_unpack(body):
@@ -262,13 +298,30 @@ def encode_channels(channels: tuple[ChannelState, ...]) -> bytes:
 
 
 def decode_channels(body: bytes) -> tuple[ChannelState, ...]:
-    out = []
+    """The channels, each one a pod could have open: at most MAX_CHANNELS, distinct
+    handles 1..MAX_CHANNEL_HANDLE, names of 1..MAX_CHANNEL_NAME bytes (checked entry by
+    entry, so more entries than a pod can open are refused before they are built)."""
+    out: list[ChannelState] = []
+    handles: set[int] = set()
     pos = 0
     while pos < len(body):
+        if len(out) == MAX_CHANNELS:
+            raise Malformed(f"the CHANNELS section holds more than {MAX_CHANNELS} channels, "
+                            f"the most a pod can have open")
         if pos + 4 > len(body):
             raise Malformed("a channel handle runs past the end of the CHANNELS section")
         (handle,) = U32.unpack_from(body, pos)
-        name, pos = _decode_name(body, pos + 4, "channel name")
+        if not 1 <= handle <= MAX_CHANNEL_HANDLE:
+            raise Malformed(f"channel handle {handle} is not one a pod can have (1 to {MAX_CHANNEL_HANDLE})")
+        if handle in handles:
+            raise Malformed(f"channel handle {handle} appears twice in the CHANNELS section")
+        start = pos + 4
+        name, pos = _decode_name(body, start, "channel name")
+        size = pos - start - U16.size
+        if not 1 <= size <= MAX_CHANNEL_NAME:
+            raise Malformed(f"the name of channel {handle} is {size} bytes long; a channel name has "
+                            f"1 to {MAX_CHANNEL_NAME} bytes")
+        handles.add(handle)
         out.append(ChannelState(handle, name))
     return tuple(out)
 
@@ -280,9 +333,13 @@ def encode_events(events: tuple[HeldEvent, ...]) -> bytes:
 
 
 def decode_events(body: bytes) -> tuple[HeldEvent, ...]:
-    out = []
+    """The queued events: at most MAX_EVENTS, their topics and payloads MAX_EVENT_BYTES
+    together (as a pod's queue holds them)."""
+    out: list[HeldEvent] = []
     pos = 0
     while pos < len(body):
+        if len(out) == MAX_EVENTS:
+            raise Malformed(f"the EVENTS section holds more than {MAX_EVENTS} events, the most a pod's queue holds")
         topic, pos = _decode_name(body, pos, "event topic")
         if pos + 4 > len(body):
             raise Malformed(f"the payload length of an event on {topic!r} runs past the end of the EVENTS section")
@@ -292,6 +349,10 @@ def decode_events(body: bytes) -> tuple[HeldEvent, ...]:
             raise Malformed(f"the {n}-byte payload of an event on {topic!r} runs past the end of the EVENTS section")
         out.append(HeldEvent(topic, bytes(body[pos:pos + n])))
         pos += n
+    held = sum(len(e.topic.encode()) + len(e.payload) for e in out)
+    if held > MAX_EVENT_BYTES:
+        raise Malformed(f"the EVENTS section's topics and payloads are {held} bytes, more than the "
+                        f"{MAX_EVENT_BYTES} bytes a pod's queue holds")
     return tuple(out)
 
 

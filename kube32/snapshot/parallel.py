@@ -33,6 +33,7 @@ import ctypes.util
 import hashlib
 import sys
 import threading
+from typing import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 PARALLEL_MIN = 256 << 10   # a piece this large moves the hash to its own thread
@@ -76,7 +77,7 @@ class HashBehind:
             self._executor.shutdown(wait=False)
 
 
-def _madvise() -> object | None:
+def _madvise() -> Callable[[int, int, int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:

@@ -28,13 +28,19 @@ Order of judgement, and why:
    SHA-256, then the memory limit - policy refusals, immediate.
 2. Structural faults (lengths that overrun, a memory section whose length
    differs from the header, duplicate sections, malformed small sections,
+   more than a pod can have - a section longer than its kind's most, checked
+   at its head before it is buffered; more than 16 channels, a handle twice, a
+   bad channel name, more than 1024 events, 100,000 globals or 100 tables,
+   checked entry by entry before the entry is built (format.py's bounds) -
    bytes after the trailer) stop all writes into the memory target; the
    reader drains the rest of the stream and then reports "trailer" when the
    bytes were damaged, else the structural cause.
 3. The trailer.
 4. Globals and tables against the module.  An equal image SHA-256 means the
    same module, so a mismatch here is damage or a writer bug: checking after
-   the trailer makes damage read as damage.
+   the trailer makes damage read as damage.  A table the module could not hold
+   (no such table, more entries than its maximum) is judged here too, but its
+   entries are never built: the reader keeps only its declared size.
 Nothing is returned before all of this passed; `SnapshotError.memory_written`
 tells the caller when the memory target already holds snapshot bytes.
 """
@@ -49,10 +55,10 @@ from typing import Any
 from .parallel import HashBehind, prefault
 from .format import (
     HEADER_SIZE, MAGIC, MAX_PAGES, PAGE_SIZE, SECTION_CHANNELS, SECTION_EVENTS, SECTION_GLOBALS,
-    SECTION_HEAD_SIZE, SECTION_HEAD_STRUCT, SECTION_MEMORY, SECTION_TABLE, TRAILER_SIZE, VERSION,
-    ChannelState, GlobalState, Header, HeldEvent, Malformed, PodState, SectionInfo, Snapshot,
-    SnapshotError, TableState, decode_channels, decode_events, decode_globals, decode_header,
-    decode_table, section_name, valtype_name,
+    MAX_TABLES, SECTION_HEAD_SIZE, SECTION_HEAD_STRUCT, SECTION_MEMORY, SECTION_TABLE, TABLE_HEAD_STRUCT,
+    TRAILER_SIZE, VERSION, ChannelState, GlobalState, Header, HeldEvent, Malformed, PodState, SectionInfo,
+    Snapshot, SnapshotError, TableState, decode_channels, decode_events, decode_globals, decode_header,
+    decode_table, max_section_length, section_name, valtype_name,
 )
 
 SMALL_SCRATCH = 512
@@ -159,6 +165,7 @@ class SnapshotReader:
         self._sections: list[SectionInfo] = []
         self._globals: tuple[GlobalState, ...] | None = None
         self._tables: list[TableState] = []
+        self._table_sizes: dict[int, int] = {}  # index -> entries declared (a table kept unbuilt has none)
         self._channels: tuple[ChannelState, ...] | None = None
         self._events: tuple[HeldEvent, ...] | None = None
         self._pending: SnapshotError | None = None
@@ -385,7 +392,8 @@ class SnapshotReader:
                 f"the pod's memory limit of {module.memory_limit_bytes} bytes is below "
                 f"the snapshot's {h.memory_bytes} bytes of memory",
             )
-        if self._total is not None and self._total < HEADER_SIZE + h.section_count * SECTION_HEAD_SIZE + h.memory_bytes + TRAILER_SIZE:
+        least = HEADER_SIZE + h.section_count * SECTION_HEAD_SIZE + h.memory_bytes + TRAILER_SIZE
+        if self._total is not None and self._total < least:
             return self._fail_structure(
                 "section",
                 f"the snapshot is {self._total} bytes long, too short for the {h.section_count} sections "
@@ -436,13 +444,17 @@ class SnapshotReader:
         if not self._fits(length):
             remaining = self._total - self._pos - TRAILER_SIZE  # type: ignore[operator]
             return self._fail_structure(
-                "section", f"{label} is {length} bytes long, but only {max(remaining, 0)} bytes remain before the trailer"
+                "section",
+                f"{label} is {length} bytes long, but only {max(remaining, 0)} bytes remain before the trailer"
             )
         if type_ == SECTION_MEMORY:
             return self._on_memory_head(label, length)
         if type_ in (SECTION_GLOBALS, SECTION_TABLE, SECTION_CHANNELS, SECTION_EVENTS):
-            if length > MAX_SMALL_SECTION:
-                return self._fail_structure("section", f"{label} is {length} bytes long, too long for its kind")
+            most = max_section_length(type_) or MAX_SMALL_SECTION
+            if length > most:
+                return self._fail_structure(
+                    "section", f"{label} is {length} bytes long, more than the {most} bytes its kind holds at most "
+                               f"(what one pod can have)")
             return self._enter(_Stage.SMALL, length)
         self._enter(_Stage.SKIP, length)  # a type this reader does not know: skipped, as the format says
 
@@ -467,10 +479,7 @@ class SnapshotReader:
                     raise Malformed("the snapshot has two GLOBALS sections")
                 self._globals = decode_globals(body)
             elif type_ == SECTION_TABLE:
-                table = decode_table(body)
-                if any(t.index == table.index for t in self._tables):
-                    raise Malformed(f"the snapshot has two TABLE sections for table {table.index}")
-                self._tables.append(table)
+                self._on_table(body)
             elif type_ == SECTION_CHANNELS:
                 if self._channels is not None:
                     raise Malformed("the snapshot has two CHANNELS sections")
@@ -482,6 +491,28 @@ class SnapshotReader:
         except Malformed as err:
             return self._fail_structure("section", str(err))
         self._next_section()
+
+    def _on_table(self, body: bytes) -> None:
+        """A TABLE section (Malformed when it is not one).  A table the module cannot
+        hold is kept as its index and size only: the module check refuses it after the
+        trailer, and building millions of entries first would cost the node for nothing."""
+        if len(body) >= TABLE_HEAD_STRUCT.size:
+            index, size = TABLE_HEAD_STRUCT.unpack_from(body)
+            if index in self._table_sizes:
+                raise Malformed(f"the snapshot has two TABLE sections for table {index}")
+            if len(self._table_sizes) == MAX_TABLES:
+                raise Malformed(f"the snapshot has more than {MAX_TABLES} TABLE sections, "
+                                f"the most tables a module may have")
+            module = self._module
+            if module is not None and (index not in module.tables or not _within(size, module.tables[index])):
+                if len(body) != TABLE_HEAD_STRUCT.size + 4 * size:
+                    decode_table(body)  # raises: the section's own fault comes first
+                self._table_sizes[index] = size
+                self._tables.append(TableState(index, ()))
+                return
+        table = decode_table(body)
+        self._table_sizes[table.index] = len(table.entries)
+        self._tables.append(table)
 
     def _on_trailer(self, trailer: bytes) -> None:
         if self._hash.digest() != trailer:
@@ -515,7 +546,8 @@ class SnapshotReader:
         for index, valtype in in_snapshot.items():
             if index not in module.globals:
                 self._refuse(
-                    "global", f"global {index} is {valtype_name(valtype)} in the snapshot but the module has no mutable global {index}"
+                    "global", f"global {index} is {valtype_name(valtype)} in the snapshot "
+                              f"but the module has no mutable global {index}"
                 )
             if module.globals[index] != valtype:
                 self._refuse(
@@ -526,22 +558,26 @@ class SnapshotReader:
         for index, valtype in sorted(module.globals.items()):
             if index not in in_snapshot:
                 self._refuse(
-                    "global", f"the module's mutable global {index} ({valtype_name(valtype)}) is missing from the snapshot"
+                    "global",
+                    f"the module's mutable global {index} ({valtype_name(valtype)}) is missing from the snapshot"
                 )
         seen = set()
         for table in state.tables:
             seen.add(table.index)
             if table.index not in module.tables:
-                self._refuse("table", f"table {table.index} is in the snapshot but the module has no table {table.index}")
+                self._refuse("table",
+                             f"table {table.index} is in the snapshot but the module has no table {table.index}")
             low, high = module.tables[table.index]
-            size = len(table.entries)
+            size = self._table_sizes.get(table.index, len(table.entries))
             if size < low:
                 self._refuse(
-                    "table", f"table {table.index} has {size} entries in the snapshot but the module's needs at least {low}"
+                    "table",
+                    f"table {table.index} has {size} entries in the snapshot but the module's needs at least {low}"
                 )
             if high is not None and size > high:
                 self._refuse(
-                    "table", f"table {table.index} has {size} entries in the snapshot but the module's holds at most {high}"
+                    "table",
+                    f"table {table.index} has {size} entries in the snapshot but the module's holds at most {high}"
                 )
         for index in sorted(set(module.tables) - seen):
             self._refuse("table", f"the module's table {index} is missing from the snapshot")
@@ -566,7 +602,8 @@ class SnapshotReader:
         if self._hash.tail_is_trailer():
             self._refuse(
                 "section",
-                f"the snapshot's sections run past its end: its last 32 bytes are a valid trailer at byte {self._pos - TRAILER_SIZE}",
+                "the snapshot's sections run past its end: its last 32 bytes are a valid trailer at byte "
+                f"{self._pos - TRAILER_SIZE}",
             )
         self._refuse("truncated", TRUNCATED)
         raise AssertionError("unreachable")
@@ -618,6 +655,11 @@ class SnapshotReader:
         self._stop_prefault()
         self._hash.close()
         self._memory = None
+
+
+def _within(size: int, limits: tuple[int, int | None]) -> bool:
+    low, high = limits
+    return size >= low and (high is None or size <= high)
 
 
 async def _chunk(stream: Any) -> bytes:

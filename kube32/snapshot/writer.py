@@ -73,6 +73,17 @@ def _check_state(state: PodState, memory_len: int) -> None:
             raise ValueError("an event payload does not fit a u32 length")
 
 
+def _total_size(small: list[bytes], memory_bytes: int) -> int:
+    return HEADER_SIZE + sum(len(s) for s in small) + SECTION_HEAD_SIZE + memory_bytes + TRAILER_SIZE
+
+
+def snapshot_size(state: PodState) -> int:
+    """The bytes of the snapshot of ``state`` (its memory ``state.memory_bytes`` long),
+    without the memory itself: what the writer's ``total_size`` would be."""
+    _check_state(state, state.memory_bytes)
+    return _total_size(SnapshotWriter._encode_small_sections(state), state.memory_bytes)
+
+
 class SnapshotWriter:
     def __init__(self, state: PodState, memory: memoryview | bytes | bytearray) -> None:
         view = _byte_view(memory)
@@ -86,10 +97,7 @@ class SnapshotWriter:
             pod_time_ms=state.pod_time_ms, unix_time_ms=state.unix_time_ms,
             section_count=len(self._small) + 1,
         )
-        self.total_size: int = (
-            HEADER_SIZE + sum(len(s) for s in self._small)
-            + SECTION_HEAD_SIZE + state.memory_bytes + TRAILER_SIZE
-        )
+        self.total_size: int = _total_size(self._small, state.memory_bytes)
         self.sha256: bytes | None = None  # the trailer, once written
 
     @staticmethod
@@ -106,6 +114,14 @@ class SnapshotWriter:
             if len(body) > _U32_MAX:
                 raise ValueError(f"a section of type {type_} is longer than a u32 length")
         return [section_head(t, len(b)) + b for t, b in bodies]
+
+    def release(self) -> None:
+        """Let go of the memory (a pod thaws: its memory may grow again, which a bytearray
+        cannot while a view of it lives).  The writer is not used afterwards."""
+        try:
+            self._memory.release()
+        except BufferError:   # something still holds a buffer of this very view: it goes with it
+            pass
 
     def _body(self) -> Iterator[memoryview]:
         head = encode_header(self.header)

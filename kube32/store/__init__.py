@@ -1,9 +1,13 @@
 """kube32.store: the object store under the API server (imports nothing above it).
 
-Interface (the contract with kube32.apiserver; an etcd backend can implement it too)::
+Interface (the contract with kube32.apiserver; SQLiteStore and EtcdStore implement it)::
 
-    from kube32.store import (Store, SQLiteStore, KeyValue, WatchEvent,
-                              StoreError, KeyExists, KeyNotFound, Conflict, Compacted)
+    from kube32.store import (Store, SQLiteStore, KeyValue, WatchEvent, StoreError,
+                              KeyExists, KeyNotFound, Conflict, Compacted,
+                              ValueTooLarge, Unavailable)
+    from kube32.store.config import parse_store              # --store sqlite | etcd://...
+    from kube32.store.opening import open_store
+    from kube32.store.etcd import EtcdStore                   # imports grpc: the [etcd] extra
 
     @dataclass(frozen=True) class KeyValue:
         key: str; value: bytes; create_revision: int; mod_revision: int
@@ -18,6 +22,10 @@ Interface (the contract with kube32.apiserver; an etcd backend can implement it 
         compacted_revision: int   # property: history at or below it may be gone
         async def get(key) -> KeyValue | None
         async def list(prefix) -> tuple[list[KeyValue], int]    # sorted by key; + read revision
+        async def page(prefix, *, after="", limit=0, revision=0) -> Page
+                                          # keys > after, <= limit of them, as at revision
+                                          # (0: now); Page(items, revision, remaining);
+                                          # Compacted / FutureRevision (see base.Store.page)
         async def create(key, value) -> KeyValue                # KeyExists(key, current)
         async def update(key, value, expected_mod_revision) -> KeyValue
                                           # KeyNotFound(key) / Conflict(current KeyValue)
@@ -25,8 +33,9 @@ Interface (the contract with kube32.apiserver; an etcd backend can implement it 
         async def delete(key, expected_mod_revision=None) -> KeyValue
                                           # the deleted KV with mod_revision = the delete's
                                           # revision; KeyNotFound / Conflict
-        def watch(prefix, start_revision) -> AsyncIterator[WatchEvent]
+        def watch(prefix, start_revision) -> WatchStream
         async def compact(revision) -> None
+        async def health() -> str | None  # None: serving; else why not (etcd: no quorum)
         async def close() -> None
 
     class SQLiteStore(Store):
@@ -34,10 +43,21 @@ Interface (the contract with kube32.apiserver; an etcd backend can implement it 
         @classmethod async def open(path, history=10000, **options) -> SQLiteStore
         watcher_count: int        # live subscriptions (for tests and metrics)
 
+    class EtcdStore(Store):   # kube32.store.etcd: see its docstring for the mapping
+        def __init__(endpoints, *, prefix="", request_timeout=10.0,
+                     compact_interval=300.0, max_value_bytes=4 MiB - 64 KiB)
+        @classmethod async def open(endpoints, **options) -> EtcdStore
+
     errors: StoreError (base; str(err) names the cause)
             KeyExists(.key, .current)  KeyNotFound(.key)
             Conflict(.current, .key, .expected_mod_revision)
             Compacted(.compacted_revision, .requested_revision) -> the API's 410 Gone
+            FutureRevision(.requested_revision, .current_revision) -> 504 (a read
+                                at a revision not reached yet)
+            ValueTooLarge(.key, .size, .limit) -> 413 (etcd: its request-size limit; .limit None:
+                                                  etcd refused it, its limit unknown)
+            Unavailable -> 503 (etcd: no member answers, no quorum, or a write's
+                                outcome is unknown)
 
 Semantics and invariants:
 - One global revision counter. Every successful create/update/delete bumps it by
@@ -58,8 +78,8 @@ Semantics and invariants:
   than compacted_revision (N < compacted_revision, N != 0), the first iteration
   raises Compacted; watching from compacted_revision itself is fine because every
   event after it is kept. An N above current_revision waits for revisions > N.
-  Close iterators you stop using (aclose()); one never started stays subscribed
-  until its queue overflows.
+  Close iterators you stop using (aclose()): that ends the subscription even when
+  iteration never started (watch() returns a WatchStream, not a bare generator).
 - Live delivery: each write fans out, after its commit and before the write call
   returns, to the subscribed watchers through bounded queues (watch_queue_size).
   Writers never wait for readers. A reader whose queue overflows is unsubscribed and
@@ -72,7 +92,12 @@ Semantics and invariants:
 - compact(R) drops history at or below R (R <= current_revision, else StoreError;
   R <= compacted_revision is a no-op). The current value of every key survives.
   SQLiteStore also compacts itself every `compact_every` writes, keeping at least
-  the last `history` revisions.
+  the last `history` revisions; EtcdStore every `compact_interval` seconds, keeping
+  at least one interval (kube-apiserver's compactor, shared by every API server).
+- Several stores on one backend (EtcdStore: several API servers on one etcd) share
+  its one revision counter: a store's current_revision is the newest revision it has
+  seen, and "bumps by exactly one" holds for the cluster, not for each client; a
+  compare-and-swap by one fails with Conflict against another's newer write.
 
 SQLiteStore design (kine, the SQLite backend of k3s): an append-only `log` table
 (revision INTEGER PRIMARY KEY, key, value, create_revision, prev_revision, deleted)
@@ -89,12 +114,17 @@ from .base import (
     PUT,
     Compacted,
     Conflict,
+    FutureRevision,
     KeyExists,
     KeyNotFound,
     KeyValue,
+    Page,
     Store,
     StoreError,
+    Unavailable,
+    ValueTooLarge,
     WatchEvent,
+    WatchStream,
 )
 from .sqlite import SQLiteStore
 
@@ -103,11 +133,16 @@ __all__ = [
     "PUT",
     "Compacted",
     "Conflict",
+    "FutureRevision",
     "KeyExists",
     "KeyNotFound",
     "KeyValue",
+    "Page",
     "SQLiteStore",
     "Store",
     "StoreError",
+    "Unavailable",
+    "ValueTooLarge",
     "WatchEvent",
+    "WatchStream",
 ]

@@ -22,22 +22,31 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import builtins
 import sqlite3
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import AsyncGenerator, Iterator
 
 from .base import (
+    StoreFigures,
     DELETE,
     PUT,
     Compacted,
     Conflict,
+    FutureRevision,
     KeyExists,
     KeyNotFound,
     KeyValue,
+    Page,
     StoreError,
     WatchEvent,
+    WatchStream,
+    check_key,
+    check_prefix,
+    check_revision,
+    check_value,
 )
 
 SCHEMA_VERSION = 1
@@ -69,6 +78,13 @@ _LIST_COLUMNS = (
     "SELECT c.key, l.value, l.create_revision, l.revision FROM current c "
     "JOIN log l ON l.revision = c.revision "
 )
+# The state at a past revision: each key's latest row at or below it, unless a delete.
+# (SQLite takes the bare columns of a MAX() aggregate from the row holding the maximum.)
+_STATE_AT = (
+    "SELECT key, value, create_revision, revision FROM (SELECT key, value, create_revision, "
+    "MAX(revision) AS revision, deleted FROM log WHERE revision <= ? AND {range} AND key > ? "
+    "GROUP BY key) WHERE deleted = 0 ORDER BY key"
+)
 _REPLAY_COLUMNS = (
     "SELECT l.revision, l.key, l.value, l.create_revision, l.prev_revision, l.deleted, "
     "p.value, p.create_revision FROM log l LEFT JOIN log p ON p.revision = l.prev_revision "
@@ -94,43 +110,6 @@ def prefix_end(prefix: str) -> str | None:
                 nxt = _SURROGATES.stop
             return "".join(chars) + chr(nxt)
     return None
-
-
-def _check_key(key: object) -> str:
-    if not isinstance(key, str) or not key:
-        raise StoreError(f"a key must be a non-empty string, not {key!r}")
-    _check_text(key, "key")
-    return key
-
-
-def _check_prefix(prefix: object) -> str:
-    if not isinstance(prefix, str):
-        raise StoreError(f"a prefix must be a string, not {prefix!r}")
-    _check_text(prefix, "prefix")
-    return prefix
-
-
-def _check_text(text: str, what: str) -> None:
-    if "\x00" in text:
-        raise StoreError(f"a {what} must not contain NUL characters: {text!r}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise StoreError(f"a {what} must be valid Unicode (no lone surrogates): {text!r}") from None
-
-
-def _check_value(value: object) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise StoreError(f"a value must be bytes, not {type(value).__name__}")
-
-
-def _check_revision(revision: object, what: str) -> int:
-    if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
-        raise StoreError(f"{what} must be a non-negative integer, not {revision!r}")
-    return revision
 
 
 class _Watcher:
@@ -172,7 +151,7 @@ class _Watcher:
         return self.events.popleft()
 
 
-class SQLiteStore:
+class SQLiteStore(StoreFigures):
     """A `Store` in one SQLite file (or ":memory:"), owned by one process and one event loop."""
 
     replay_page_size = 500
@@ -254,22 +233,10 @@ class SQLiteStore:
 
     # --- properties --------------------------------------------------------
 
-    @property
-    def current_revision(self) -> int:
-        return self._revision
-
-    @property
-    def compacted_revision(self) -> int:
-        return self._compacted
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     # --- reads -------------------------------------------------------------
 
     async def get(self, key: str) -> KeyValue | None:
-        return self._get(_check_key(key))
+        return self._get(check_key(key))
 
     def _get(self, key: str) -> KeyValue | None:
         self._check_open()
@@ -281,7 +248,7 @@ class SQLiteStore:
 
     async def list(self, prefix: str) -> tuple[list[KeyValue], int]:
         self._check_open()
-        sql, params = self._key_range("c.key", _check_prefix(prefix))
+        sql, params = self._key_range("c.key", check_prefix(prefix))
         try:
             rows = self._db.execute(
                 _LIST_COLUMNS + "WHERE " + sql + " ORDER BY c.key", params
@@ -289,6 +256,45 @@ class SQLiteStore:
         except sqlite3.Error as err:
             raise StoreError(f"cannot list prefix {prefix!r}: {err}") from err
         return [KeyValue(k, v, c, m) for k, v, c, m in rows], self._revision
+
+    async def page(self, prefix: str, *, after: str = "", limit: int = 0, revision: int = 0) -> Page:
+        """See Store.page. The current state reads `current`; a past revision groups the
+        log by key (history is bounded by compaction, so this scan is too)."""
+        self._check_open()
+        prefix, limit = check_prefix(prefix), check_revision(limit, "the page limit")
+        revision = check_revision(revision, "the page revision")
+        if not isinstance(after, str):
+            raise StoreError(f"a page's start must be a key, not {after!r}")
+        at = revision or self._revision
+        if at > self._revision:
+            raise FutureRevision(at, self._revision)
+        if revision and at < self._compacted:
+            raise Compacted(self._compacted, at)
+        current = revision == 0 or at == self._revision
+        try:
+            rows = self._page_rows(prefix, after, at, current, limit or -1)
+            remaining = 0
+            if limit and len(rows) == limit:
+                remaining = self._page_rows(prefix, rows[-1][0], at, current, -1, count=True)[0][0]
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot list prefix {prefix!r} at revision {at}: {err}") from err
+        return Page([KeyValue(k, v, c, m) for k, v, c, m in rows], at, remaining)
+
+    def _page_rows(self, prefix: str, after: str, at: int, current: bool, limit: int,
+                   count: bool = False) -> builtins.list[tuple]:
+        """The rows of a page (key, value, create_revision, mod_revision); with `count`
+        one row of their number."""
+        params: tuple[object, ...]
+        if current:
+            sql, params = self._key_range("c.key", prefix)
+            query = _LIST_COLUMNS + "WHERE " + sql + " AND c.key > ? ORDER BY c.key LIMIT ?"
+        else:
+            sql, keys = self._key_range("key", prefix)
+            query = _STATE_AT.format(range=sql) + " LIMIT ?"
+            params = (at, *keys)
+        if count:
+            query = f"SELECT COUNT(*) FROM ({query})"
+        return self._db.execute(query, (*params, after, limit)).fetchall()
 
     @staticmethod
     def _key_range(column: str, prefix: str) -> tuple[str, tuple[str, ...]]:
@@ -300,7 +306,7 @@ class SQLiteStore:
     # --- writes ------------------------------------------------------------
 
     async def create(self, key: str, value: bytes) -> KeyValue:
-        key, value = _check_key(key), _check_value(value)
+        key, value = check_key(key), check_value(value)
         current = self._get(key)
         if current is not None:
             raise KeyExists(key, current)
@@ -317,7 +323,7 @@ class SQLiteStore:
 
         None (an extension of the interface) means "whatever the current revision is".
         """
-        key, value = _check_key(key), _check_value(value)
+        key, value = check_key(key), check_value(value)
         current = self._current_for_write(key, expected_mod_revision)
         revision = self._revision + 1
         kv = KeyValue(key, value, current.create_revision, revision)
@@ -326,7 +332,7 @@ class SQLiteStore:
         return kv
 
     async def delete(self, key: str, expected_mod_revision: int | None = None) -> KeyValue:
-        key = _check_key(key)
+        key = check_key(key)
         current = self._current_for_write(key, expected_mod_revision)
         revision = self._revision + 1
         kv = KeyValue(key, current.value, current.create_revision, revision)
@@ -336,7 +342,7 @@ class SQLiteStore:
 
     def _current_for_write(self, key: str, expected_mod_revision: int | None) -> KeyValue:
         if expected_mod_revision is not None:
-            _check_revision(expected_mod_revision, "expected_mod_revision")
+            check_revision(expected_mod_revision, "expected_mod_revision")
         current = self._get(key)
         if current is None:
             raise KeyNotFound(key)
@@ -381,7 +387,7 @@ class SQLiteStore:
             raise StoreError(f"cannot {what}: {err}") from err
 
     def _publish(self, event: WatchEvent) -> None:
-        lagged: list[_Watcher] = []
+        lagged: builtins.list[_Watcher] = []
         key = event.kv.key
         # Watchers are grouped by prefix: the per-write cost is one startswith per
         # distinct prefix plus one O(1) append per interested watcher.
@@ -410,10 +416,14 @@ class SQLiteStore:
 
     # --- compaction --------------------------------------------------------
 
+    async def health(self) -> str | None:
+        """A file in this process: serving unless closed."""
+        return "the store is closed" if self._closed else None
+
     async def compact(self, revision: int) -> None:
         """Drop history at or below `revision`; a no-op if already compacted that far."""
         self._check_open()
-        _check_revision(revision, "the compaction revision")
+        check_revision(revision, "the compaction revision")
         if revision > self._revision:
             raise StoreError(
                 f"cannot compact to revision {revision}: the current revision is {self._revision}"
@@ -444,26 +454,31 @@ class SQLiteStore:
 
     # --- watch -------------------------------------------------------------
 
-    def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent]:
+    def watch(self, prefix: str, start_revision: int) -> WatchStream:
         """Events with revision > start_revision under `prefix`: replayed, then live.
 
         The subscription starts at this call, not at the first iteration: with
         start_revision 0 ("from now") nothing written in between is missed, and a
-        compaction in between cannot make a "from now" watch fail. An iterator
-        that is never started stays subscribed until its queue overflows.
+        compaction in between cannot make a "from now" watch fail. aclose() ends the
+        subscription even when iteration never started.
         """
         now = self._revision
         first = None
         if isinstance(prefix, str) and not self._closed:
             first = self._subscribe(prefix)
-        return self._stream(prefix, start_revision, now, first)
+
+        def release() -> None:
+            if first is not None:
+                self._unsubscribe(first)
+
+        return WatchStream(self._stream(prefix, start_revision, now, first), release)
 
     async def _stream(
         self, prefix: str, start: int, now: int, first: _Watcher | None
-    ) -> AsyncIterator[WatchEvent]:
+    ) -> AsyncGenerator[WatchEvent, None]:
         try:
-            prefix = _check_prefix(prefix)
-            cursor = _check_revision(start, "start_revision") or now
+            prefix = check_prefix(prefix)
+            cursor = check_revision(start, "start_revision") or now
             if start != 0 and cursor < self._compacted:
                 raise Compacted(self._compacted, cursor)
             # A subscription and the revision read with no await in between split the
@@ -478,10 +493,10 @@ class SQLiteStore:
                             cursor = event.revision
                         if len(page) < self.replay_page_size:
                             cursor = upto
-                    while (event := await watcher.next()) is not None:
-                        if event.revision > cursor:  # a start_revision in the future
-                            yield event
-                            cursor = event.revision
+                    while (live := await watcher.next()) is not None:
+                        if live.revision > cursor:  # a start_revision in the future
+                            yield live
+                            cursor = live.revision
                 finally:
                     self._unsubscribe(watcher)
                 if watcher.closed or self._closed:
@@ -492,7 +507,7 @@ class SQLiteStore:
             if first is not None:
                 self._unsubscribe(first)
 
-    def _replay_page(self, prefix: str, after: int, upto: int) -> list[WatchEvent]:
+    def _replay_page(self, prefix: str, after: int, upto: int) -> builtins.list[WatchEvent]:
         self._check_open()
         if after < self._compacted:
             raise Compacted(self._compacted, after)

@@ -1,9 +1,11 @@
-"""kube32.wasm: the engine inside every kubelet and the pod ABI (imports kube32.snapshot only).
+"""kube32.wasm: the engine inside every kubelet and the pod ABI (imports kube32.snapshot,
+kube32.wasmformat and kube32.leb128 only).
 
 Layers: pod.py (lifecycle, freeze, snapshot, restore) and hostcalls.py (the ABI's host
 functions) run Wasm only through the engine seam, engine.py; an engine is
 engine_wasmtime.py (compiled, the only module that touches wasmtime) or engine_pwasm.py
-(a pure-Python interpreter, any CPU).  A snapshot from either restores on the other.
+(a pure-Python interpreter, any CPU), made by name in engines.py.  A snapshot from either
+restores on the other.
 
 Public API (the kubelet codes against exactly this)::
 
@@ -22,7 +24,8 @@ Public API (the kubelet codes against exactly this)::
         # ImageError("image digest mismatch: expected ..., got ..."), or naming why the
         # module is no pod: not Wasm, does not compile, import outside the ABI,
         # wrong export signature, no k32_handle/k32_tick/k32_event/_start/app_main/main
-    rt.measure_mops() -> float            # fixed i32 kernel on rt's engine, best of 5 in CPU time: kube32.io/interp-mops
+    rt.measure_mops() -> float            # fixed i32 kernel on rt's engine, best of 5 in CPU time:
+                                          # kube32.io/interp-mops
     rt.close()
 
     pod = Pod(rt, mod, PodConfig(namespace, name, container, env, topics, tick_interval_ms,
@@ -78,17 +81,18 @@ from .abi import (
     K32_E2BIG, K32_EAGAIN, K32_EBADF, K32_EINTERNAL, K32_EINVAL, K32_ENOENT, K32_ENOSPC,
     K32_ESTATE, K32_OK,
 )
-from .engine import DEFAULT_ENGINE, ENGINES, engine_class
+from .engines import DEFAULT_ENGINE, ENGINES, engine_class
 from .host import ChannelRegistry, Endpoint, HostServices
 from .pod import Pod
 from .runtime import Runtime
 from .types import (
-    CallTimeout, HttpRequest, HttpResponse, ImageError, Module, PodConfig, PodError, PodFrozen,
+    CallTimeout, HttpRequest, HttpResponse, ImageError, Module, PodConfig, PodError, PodFrozen, StartTimeout,
 )
 
 __all__ = [
-    "ENGINES", "DEFAULT_ENGINE", "engine_class", "Runtime", "Module", "PodConfig", "HttpRequest", "HttpResponse", "Pod", "PodFrozen",
-    "CallTimeout", "ChannelRegistry", "Endpoint", "HostServices", "ImageError", "PodError",
+    "ENGINES", "DEFAULT_ENGINE", "engine_class", "Runtime", "Module", "PodConfig", "HttpRequest", "HttpResponse", "Pod",
+    "PodFrozen",
+    "CallTimeout", "StartTimeout", "ChannelRegistry", "Endpoint", "HostServices", "ImageError", "PodError",
     "K32_OK", "K32_EINVAL", "K32_ENOENT", "K32_EBADF", "K32_EAGAIN", "K32_ENOSPC",
     "K32_ESTATE", "K32_E2BIG", "K32_EINTERNAL",
 ]

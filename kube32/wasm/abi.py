@@ -12,6 +12,8 @@ Conventions (invariants the host keeps):
 """
 from __future__ import annotations
 
+from kube32 import snapshot as k32s
+
 I32, I64 = 0x7F, 0x7E
 
 K32_OK = 0
@@ -74,7 +76,8 @@ REQUEST_EXPORTS = ("k32_handle", "k32_tick", "k32_event")
 ENTRY_POINTS = ("_start", "app_main", "main")
 
 # Host-side bounds: keep one pod from exhausting the node through the host.
-MAX_CHANNELS = 16
+MAX_CHANNELS = k32s.MAX_CHANNELS          # what a snapshot carries at most (K32S v1's bound)
+MAX_CHANNEL_NAME = k32s.MAX_CHANNEL_NAME  # bytes of a channel name
 MAX_OPEN_FILES = 8
 MAX_MESSAGE = 64 * 1024
 MAX_INBOX = 64

@@ -21,10 +21,16 @@ Interface (what an engine promises):
 - ``Engine.instantiate(compiled, info, imports, memory_limit_bytes, deadline)``: a
   fresh instance whose imports are the ABI's host functions (name -> callable taking
   the signed i32 arguments and returning an int; it never raises).  Memory is capped
-  at the limit rounded up to whole 64 KiB pages.  A start function that outlives
+  at the whole 64 KiB pages within the limit (:func:`memory_pages`): the pages a pod
+  can grow to are exactly the bytes a restore under the same limit accepts, so a pod
+  that grew to its cap still moves.  A limit below one page gives one page of which
+  only the limit is backed (the pod checks that the rest stays zero).  Tables are
+  bounded by the same limit (:func:`table_entries_within`).  A start function that outlives
   ``deadline`` raises CallFailed ("timeout"); a module that does not link or fit, or
   whose start function traps, raises InstantiateError.
-- ``Instance.call(name, args, deadline)``: runs an export; ``deadline`` is a
+- ``Instance.call(name, args, deadline)``: runs an export and returns its first result
+  when that is an i32 (signed; None when it returns nothing or another type: a command
+  pod's ``main`` returns its exit code); ``deadline`` is a
   ``time.monotonic()`` value or None.  Raises CallFailed with kind "trap",
   "timeout" (the deadline passed) or "interrupted" (``interrupt()``).
 - ``Instance.interrupt()`` may be called from any thread; it is sticky: the running
@@ -38,13 +44,18 @@ Interface (what an engine promises):
   raw bits (f32 and f64 NaN payloads kept), funcrefs as the function's index or
   NULL_FUNC; ``get_table(index)`` / ``set_table(index, entries)`` as function indices.
   The pod checks a snapshot's function indices against the module before it sets them.
+  ``table_entries()``: the entries of all tables, which the node counts in its heap.
+- Cost: ``Engine.costs(compiled, info, size)`` says what a module costs the node that
+  runs it, as (bytes once for all the pods of the module, bytes per instance besides its
+  memory and tables), measured per engine; the node counts both in its heap (pwasm's
+  decoded code is about 100 bytes an instruction: far more than the pages of a pod).
 
-Engines are created by name (:func:`create`); each engine module is imported only when
-asked for, so a machine without wasmtime (a CPU it has no wheel for) runs pwasm.
+Engines are created by name (kube32.wasm.engines: ``create``), below which this module
+lies: each engine module imports this one, and the registry imports an engine module
+only when asked for, so a machine without wasmtime (a CPU it has no wheel for) runs pwasm.
 """
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -53,15 +64,9 @@ from kube32.snapshot import NULL_FUNC
 
 from .binary import ModuleInfo
 
-__all__ = ["ENGINES", "DEFAULT_ENGINE", "NULL_FUNC", "Engine", "Instance", "CallFailed",
-           "InstantiateError", "HostFunction", "create", "engine_class"]
+__all__ = ["NULL_FUNC", "TABLE_ENTRY_BYTES", "Engine", "Instance", "CallFailed",
+           "InstantiateError", "HostFunction", "memory_pages", "table_entries_within"]
 
-# name -> "module:class"; a module is imported only when its engine is created.
-ENGINES: dict[str, str] = {
-    "wasmtime": "kube32.wasm.engine_wasmtime:WasmtimeEngine",
-    "pwasm": "kube32.wasm.engine_pwasm:PwasmEngine",
-}
-DEFAULT_ENGINE = "wasmtime"
 PAGE = 65536
 
 HostFunction = Callable[..., int]
@@ -87,7 +92,7 @@ class Instance(ABC):
     functions: frozenset[str]       # the exported functions that can be called
 
     @abstractmethod
-    def call(self, name: str, args: Sequence[int], deadline: float | None) -> None: ...
+    def call(self, name: str, args: Sequence[int], deadline: float | None) -> int | None: ...
 
     @abstractmethod
     def interrupt(self) -> None: ...
@@ -119,6 +124,10 @@ class Instance(ABC):
     @abstractmethod
     def set_table(self, index: int, entries: Sequence[int]) -> None: ...
 
+    @abstractmethod
+    def table_entries(self) -> int:
+        """The entries of all the instance's tables (what they cost: TABLE_ENTRY_BYTES each)."""
+
 
 class Engine(ABC):
     """One kubelet's engine: compiles modules and makes instances of them."""
@@ -126,6 +135,14 @@ class Engine(ABC):
     name: str = ""
     version: str = ""
     tag: str = ""                   # names compiled code and measured speed: engine, version, config
+    # What a compiled module costs the node, per byte of module (wasmtime's native code and
+    # metadata: 4 bytes a byte of counter.wasm, 18 of a 1 MiB module of code, in RSS), and
+    # what an instance costs besides its memory and tables (its store: about 10 KiB).
+    bytes_per_module_byte: int = 10
+    instance_bytes: int = 12 << 10
+
+    def __init__(self, cache_dir: Path | None = None) -> None:  # noqa: B027 - engines take their own
+        """``cache_dir``: where the engine may keep what it compiled (None: nowhere)."""
 
     @property
     def runtime_version(self) -> str:
@@ -139,34 +156,30 @@ class Engine(ABC):
     def instantiate(self, compiled: Any, info: ModuleInfo, imports: Mapping[str, HostFunction],
                     memory_limit_bytes: int | None, deadline: float | None) -> Instance: ...
 
+    def costs(self, compiled: Any, info: ModuleInfo, size: int) -> tuple[int, int]:
+        """What the module costs the node: (bytes once for all its pods, bytes per instance
+        besides its memory and tables)."""
+        return size * self.bytes_per_module_byte, self.instance_bytes
+
     @abstractmethod
     def kernel(self, wasm: bytes) -> Callable[[int], object]:
         """The export ``run(n)`` of a module without imports, ready to time (warmed up
         where the engine compiles code on first use)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: an engine without threads has nothing to stop
         """Stop the engine's threads; its instances are not used afterwards."""
 
 
 def memory_pages(limit_bytes: int) -> int:
-    """The memory cap every engine applies: the limit rounded up to whole pages, at least one."""
-    return max(1, -(-limit_bytes // PAGE))
+    """The memory cap every engine applies: the whole pages within the limit, at least one
+    (a limit below one page: one page of which only the limit is backed, as a board's)."""
+    return max(1, limit_bytes // PAGE)
 
 
-def engine_class(name: str) -> type[Engine]:
-    """The class of the engine called ``name``; ValueError naming the choices, or naming
-    why it is not available on this machine (its package has no build for this CPU)."""
-    target = ENGINES.get(name)
-    if target is None:
-        raise ValueError(f'unknown engine "{name}" (choose one of: {", ".join(ENGINES)})')
-    module_name, class_name = target.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except (ImportError, RuntimeError, OSError) as exc:  # wasmtime raises RuntimeError on a CPU it has no build for
-        raise ValueError(f'engine "{name}" is not available on this machine: {exc}') from None
-    return getattr(module, class_name)
+TABLE_ENTRY_BYTES = 8            # what a table entry costs a node (wasmtime's, pwasm's list slot)
 
 
-def create(name: str, cache_dir: Path | None = None) -> Engine:
-    """The engine called ``name`` (ValueError as :func:`engine_class`)."""
-    return engine_class(name)(cache_dir)
+def table_entries_within(limit_bytes: int, tables: int) -> int:
+    """The entries each of a module's ``tables`` may hold under a memory limit: all its
+    tables together hold at most the limit's worth of :data:`TABLE_ENTRY_BYTES` entries."""
+    return limit_bytes // TABLE_ENTRY_BYTES // max(1, tables)

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import wasmtime
 from wasmtime import _ffi as ffi
@@ -38,6 +38,7 @@ from . import abi, binary
 from .binary import F32, F64, FUNCREF, I32, I64
 from .engine import (
     NULL_FUNC, PAGE, CallFailed, Engine, HostFunction, Instance, InstantiateError, memory_pages,
+    table_entries_within,
 )
 from .types import ImageError, PodError
 
@@ -64,6 +65,18 @@ def _signed32(v: int) -> int:
 def _signed64(v: int) -> int:
     v &= _MASK64
     return v - (1 << 64) if v & (1 << 63) else v
+
+
+_E = TypeVar("_E")
+
+
+def _export(exports: Any, name: str, kind: type[_E]) -> _E:
+    """The instance's export ``name``, which must be a ``kind`` (the reserved exports are
+    ours: anything else is a module we rewrote wrongly)."""
+    ext = exports[name]
+    if not isinstance(ext, kind):
+        raise InstantiateError(f"export {name} is {type(ext).__name__}, not {kind.__name__}")
+    return ext
 
 
 class WasmtimeEngine(Engine):
@@ -136,7 +149,7 @@ class WasmtimeEngine(Engine):
         store = wasmtime.Store(self.engine)
         store.set_epoch_deadline(1 << 40)
         module = wasmtime.Module(self.engine, wasm)
-        run = wasmtime.Instance(store, module, []).exports(store)["run"]
+        run = _export(wasmtime.Instance(store, module, []).exports(store), "run", wasmtime.Func)
         return lambda n: run(store, n)
 
 
@@ -149,7 +162,8 @@ class WasmtimeInstance(Instance):
         self._engine = engine
         store = wasmtime.Store(engine.engine)
         if memory_limit_bytes is not None:
-            store.set_limits(memory_size=memory_pages(memory_limit_bytes) * PAGE, memories=1)
+            store.set_limits(memory_size=memory_pages(memory_limit_bytes) * PAGE, memories=1,
+                             table_elements=table_entries_within(memory_limit_bytes, len(info.tables)))
         self._store = store
         self._ctx = store._context()
         self._keep: list[Any] = []   # ctypes callbacks that must outlive the store
@@ -168,17 +182,19 @@ class WasmtimeInstance(Instance):
                 raise CallFailed(self._reason, self._reason) from None
             raise InstantiateError(first_line(exc)) from None
         exports = instance.exports(store)
-        self._memory = exports[binary.MEMORY_EXPORT]
+        self._memory = _export(exports, binary.MEMORY_EXPORT, wasmtime.Memory)
         self._funcs: dict[str, wasmtime.Func] = {}
         for name, (kind, _index) in info.exports.items():
             if kind == binary.KIND_FUNC:
                 ext = exports[name]
                 if isinstance(ext, wasmtime.Func):
                     self._funcs[name] = ext
+        # Results per export, read once: the raw values array holds params and results.
+        self._results = {name: tuple(str(r) for r in f.type(store).results) for name, f in self._funcs.items()}
         self.functions = frozenset(self._funcs)
-        self._globals = {i: exports[f"__k32_g{i}"] for i in info.mutable_globals}
-        self._tables = {i: exports[f"__k32_t{i}"] for i in info.tables}
-        self._table_funcs = {i: exports[f"__k32_f{i}"] for i in info.table_funcs}
+        self._globals = {i: _export(exports, f"__k32_g{i}", wasmtime.Global) for i in info.mutable_globals}
+        self._tables = {i: _export(exports, f"__k32_t{i}", wasmtime.Table) for i in info.tables}
+        self._table_funcs = {i: _export(exports, f"__k32_f{i}", wasmtime.Func) for i in info.table_funcs}
         self._func_index = {
             ffi.wasmtime_func_to_raw(self._ctx, ctypes.byref(f._func)): i for i, f in self._table_funcs.items()}
 
@@ -231,17 +247,19 @@ class WasmtimeInstance(Instance):
         self._interrupted = True
 
     # -- calls ------------------------------------------------------------------------------
-    def call(self, name: str, args: Sequence[int], deadline: float | None) -> None:
+    def call(self, name: str, args: Sequence[int], deadline: float | None) -> int | None:
         func = self._funcs[name]
+        results = self._results[name]
         if self._interrupted:
             raise CallFailed("interrupted", "interrupted")
         self._deadline = deadline
         self._reason = None
-        vals = (ffi.wasmtime_val_raw_t * max(1, len(args)))()
+        vals = (ffi.wasmtime_val_raw_t * max(1, len(args), len(results)))()
         for i, a in enumerate(args):
             vals[i].i64 = 0
             vals[i].i32 = a
-        chunk = EPOCH_CHUNK_MS if deadline is None else min(EPOCH_CHUNK_MS, max(0.0, (deadline - time.monotonic()) * 1000))
+        chunk = EPOCH_CHUNK_MS if deadline is None else \
+            min(EPOCH_CHUNK_MS, max(0.0, (deadline - time.monotonic()) * 1000))
         trap = ctypes.POINTER(ffi.wasm_trap_t)()
         ffi.wasmtime_context_set_epoch_deadline(self._ctx, self._engine.ticks_for_ms(chunk))
         error = ffi.wasmtime_func_call_unchecked(self._ctx, ctypes.byref(func._func), vals, len(vals),
@@ -251,7 +269,7 @@ class WasmtimeInstance(Instance):
         elif trap:
             message = first_line(wasmtime.Trap._from_ptr(trap))
         else:
-            return
+            return int(vals[0].i32) if results[:1] == ("i32",) else None
         raise CallFailed(self._reason or "trap", message)
 
     # -- memory -------------------------------------------------------------------------------
@@ -309,7 +327,7 @@ class WasmtimeInstance(Instance):
             target.set_value(self._store, None if bits == NULL_FUNC else self._table_funcs[bits])
             return
         val = ffi.wasmtime_val_t()
-        val.kind = _VALKIND[valtype]
+        val.kind = _VALKIND[valtype]  # type: ignore[assignment]  # a ctypes field takes the int
         if valtype in (I32, F32):
             val.of.i32 = _signed32(bits)
         else:
@@ -334,6 +352,9 @@ class WasmtimeInstance(Instance):
             ffi.wasmtime_table_get(self._ctx, ref, i, ctypes.byref(val))
             entries.append(self._funcref_index(val.of.funcref))
         return tuple(entries)
+
+    def table_entries(self) -> int:
+        return sum(ffi.wasmtime_table_size(self._ctx, ctypes.byref(t._table)) for t in self._tables.values())
 
     def set_table(self, index: int, entries: Sequence[int]) -> None:
         table = self._tables[index]

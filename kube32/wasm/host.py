@@ -15,12 +15,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .abi import MAX_INBOX
-
-if TYPE_CHECKING:
-    from .pod import Pod
 
 
 class Endpoint:
@@ -100,13 +97,14 @@ class ChannelRegistry:
 @runtime_checkable
 class HostServices(Protocol):
     """Implemented by the kubelet.  Called on the pod's own thread, inside a Wasm
-    call: implementations must be quick and must not call back into the pod."""
+    call: implementations must be quick and must not call back into the pod.  ``pod`` is
+    the calling :class:`kube32.wasm.Pod` (``Any`` here: this module lies below it)."""
 
     channels: ChannelRegistry
 
-    def log(self, pod: "Pod", line: str) -> None: ...
+    def log(self, pod: Any, line: str) -> None: ...
 
-    def publish(self, pod: "Pod", topic: str, payload: bytes) -> None: ...
+    def publish(self, pod: Any, topic: str, payload: bytes) -> None: ...
 
     def random_bytes(self, n: int) -> bytes: ...
 

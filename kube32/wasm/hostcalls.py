@@ -17,6 +17,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -26,6 +27,8 @@ from kube32 import snapshot as k32s
 from . import abi
 from .host import Endpoint, HostServices, random_bytes
 from .types import HttpRequest, HttpResponse, PodConfig
+
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")   # an HTTP field name (RFC 9110 token)
 
 if TYPE_CHECKING:
     from .engine import HostFunction, Instance
@@ -101,8 +104,21 @@ class HostCalls:
         return tuple(k32s.ChannelState(h, e.name) for h, e in sorted(self.channels.items()))
 
     def reopen_channels(self, states: Iterable["k32s.ChannelState"]) -> None:
-        """A restore: each channel open again by name under the handle it had."""
-        for ch in states:
+        """A restore: each channel open again by name under the handle it had.
+
+        Only channels a pod could have opened (the snapshot reader refuses others; this
+        holds for any caller): at most MAX_CHANNELS in all, distinct handles, valid names
+        - else ValueError and nothing opened.  Every endpoint registered is one the pod
+        keeps (so :meth:`close` gives back all of them)."""
+        wanted = list(states)
+        handles = {ch.handle for ch in wanted}
+        if len(self.channels) + len(wanted) > abi.MAX_CHANNELS or len(handles) != len(wanted) \
+                or handles & self.channels.keys():
+            raise ValueError(f"a pod has at most {abi.MAX_CHANNELS} channels open, each under its own handle")
+        for ch in wanted:
+            if not 1 <= ch.handle <= k32s.MAX_CHANNEL_HANDLE or not 1 <= len(ch.name.encode()) <= abi.MAX_CHANNEL_NAME:
+                raise ValueError(f"channel {ch.handle} ({ch.name[:40]!r}) is not one a pod can open")
+        for ch in wanted:
             self.channels[ch.handle] = self.host.channels.open(self.config.namespace, ch.name)
         self._next_channel = max([self._next_channel] + [h + 1 for h in self.channels])
 
@@ -232,8 +248,8 @@ class HostCalls:
         if self.exchange is None:
             return abi.K32_ESTATE
         name, value = self._text(nptr, nlen), self._text(vptr, vlen)
-        if not name or value is None or any(c in name + value for c in "\r\n") or ":" in name:
-            return abi.K32_EINVAL
+        if not name or value is None or not _TOKEN.match(name) or any(c in value for c in "\r\n\0"):
+            return abi.K32_EINVAL   # a name is an HTTP token (RFC 9110): no space, no separator
         self.exchange.headers.append((name, value))
         return abi.K32_OK
 
@@ -272,7 +288,7 @@ class HostCalls:
 
     def kube32_channel_open(self, nptr: int, nlen: int) -> int:
         name = self._text(nptr, nlen)
-        if not name or len(name.encode()) > 255:
+        if not name or len(name.encode()) > abi.MAX_CHANNEL_NAME:
             return abi.K32_EINVAL
         if len(self.channels) >= abi.MAX_CHANNELS:
             return abi.K32_ENOSPC

@@ -12,8 +12,11 @@ pwasm decodes: the MVP, sign extension, saturating truncation, bulk memory,
 multi-value block types and reference types.  Numeric instructions are typed from
 their names (``i32.add``, ``f32.convert_i64_u``, ``i64.extend32_s``, ...).  Beyond
 function bodies it checks what instantiation would otherwise trip over: the
-indices exports, element segments and the start function name, and that a global's
-initial value has its type.
+indices exports, element segments and the start function name, that a global's
+initial value has its type, and that a ``ref.func`` in a body names a declared
+function (one an element segment, an export or a global names), as wasmtime does.
+What pwasm does not decode (SIMD, tail calls, exceptions, memory64, GC) is refused
+by its decoder: such modules run on wasmtime nodes only.
 """
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ _BINARY = {"add", "sub", "mul", "div", "div_s", "div_u", "rem_s", "rem_u", "and"
            "shl", "shr_s", "shr_u", "rotl", "rotr", "min", "max", "copysign"}
 _COMPARE = {"eq", "ne", "lt", "lt_s", "lt_u", "gt", "gt_s", "gt_u", "le", "le_s", "le_u",
             "ge", "ge_s", "ge_u"}
-_CONVERT = re.compile(r"^(?:wrap|trunc|trunc_sat|extend|convert|demote|promote|reinterpret)_(i32|i64|f32|f64)(?:_[su])?$")
+_CONVERT = re.compile(r"^(?:wrap|trunc|trunc_sat|extend|convert|demote|promote|reinterpret)"
+                      r"_(i32|i64|f32|f64)(?:_[su])?$")
 # The widest alignment (log2 bytes) a load or store may claim: its access width.
 _WIDTH = {"load": None, "store": None, "load8_s": 0, "load8_u": 0, "store8": 0, "load16_s": 1,
           "load16_u": 1, "store16": 1, "load32_s": 2, "load32_u": 2, "store32": 2}
@@ -112,7 +116,24 @@ def _context(module: Any) -> _Context:
     tables += [t.element_type for t in module.tables]
     memories += len(module.mems)
     globals_ += [g.type for g in module.globals]
-    return _Context(module.types, funcs, tables, memories, globals_, len(module.data), len(module.elem))
+    return _Context(module.types, funcs, tables, memories, globals_, len(module.data), len(module.elem),
+                    _declared_refs(module))
+
+
+def _declared_refs(module: Any) -> set:
+    """The functions a body may take a ``ref.func`` of (the specification's C.refs): those
+    named outside function bodies, by element segments, global initializers and exports."""
+    refs = {e.index for e in module.exports if e.kind == "func"}
+    exprs = [g.init for g in module.globals]
+    for seg in module.elem:
+        for item in seg.init:
+            if isinstance(item, int):
+                refs.add(item)
+            else:
+                exprs.append(item)
+    for expr in exprs:
+        refs.update(i.operand for i in expr or () if i.opcode == "ref.func")
+    return refs
 
 
 def _type(types: list, index: int) -> Any:
@@ -356,6 +377,9 @@ class _Body:
             return self.push("i32")
         if op == "ref.func":
             self.func(arg)
+            if arg not in self.ctx.refs:
+                raise Invalid(f"{self.op}: undeclared function reference (function {arg} is named by no "
+                              "element segment, export or global)")
             return self.push("funcref")
         if op in ("memory.init", "data.drop"):
             if not 0 <= arg < self.ctx.datas:

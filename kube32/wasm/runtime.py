@@ -4,19 +4,30 @@ cache, the pod ABI check, and the MOPS kernel.
 Invariants:
 - A Module's sha256 is the digest of the bytes it was loaded from; classification
   against the ABI is the same for every engine (the engine only compiles).
-- One compile per digest: modules are cached in memory by digest, and the engine
-  may keep its compiled code on disk under cache_dir (its own business).
+- One compile per digest at a time: modules are cached in memory by digest while a pod
+  uses them, and the :data:`KEPT_MODULES` last loaded besides (a pod's restart finds
+  its module compiled) as long as they cost the node at most :data:`KEPT_BYTES`
+  (pwasm's decoded modules cost hundreds of bytes a byte: a big one goes with its pod);
+  no more, so distinct modules one after another (an image whose host answers new
+  bytes at each pull) cannot add up, and a deleted pod's big module does not stay.  The engine may keep its compiled
+  code on disk under cache_dir (its own business).
 - A Module belongs to the Runtime (engine) that loaded it.
+- A Runtime may serve many kubelets at once (a fleet: kube32.sim.fleet): loads and the
+  speed measurement are thread-safe, and the speed is measured once per Runtime
+  (:meth:`Runtime.speed`), so a thousand nodes on one engine do not each spend a
+  fifth of a second of CPU at boot on the same figure.
 """
 from __future__ import annotations
 
 import hashlib
 import threading
 import time
+import weakref
+from collections import OrderedDict
 from pathlib import Path
 
 from . import abi, binary
-from .engine import DEFAULT_ENGINE, create
+from .engines import DEFAULT_ENGINE, create
 from .types import ImageError, Module
 
 MOPS_KERNEL_WAT = """
@@ -44,16 +55,25 @@ MOPS_OPS_PER_ITERATION = 7
 MOPS_RUNS = 5                 # the figure is the best of these runs
 MOPS_RUN_SECONDS = 0.04       # CPU time of one run
 MOPS_MAX_ITERATIONS = 1 << 30
+KEPT_MODULES = 8              # modules no pod uses that stay compiled, the last loaded,
+KEPT_BYTES = 64 << 20         # and what they cost the node (Module.cost_bytes) at most
 
 
 class Runtime:
-    def __init__(self, cache_dir: Path | None = None, engine: str = DEFAULT_ENGINE) -> None:
+    def __init__(self, cache_dir: Path | None = None, engine: str = DEFAULT_ENGINE,
+                 kept_bytes: int = KEPT_BYTES) -> None:
         """ValueError naming the engines when ``engine`` is none of them (or is not
-        available on this machine)."""
+        available on this machine).  ``kept_bytes``: what the modules no pod uses may cost
+        (Module.cost_bytes), at most :data:`KEPT_BYTES`."""
         self.engine = create(engine, Path(cache_dir) if cache_dir is not None else None)
-        self._modules: dict[str, Module] = {}
+        self.kept_bytes = min(kept_bytes, KEPT_BYTES)
+        # Every module a pod holds (weakly: it goes with its last pod) and the last loaded.
+        self._modules: weakref.WeakValueDictionary[str, Module] = weakref.WeakValueDictionary()
+        self._recent: OrderedDict[str, Module] = OrderedDict()
         self._building: dict[str, threading.Lock] = {}   # digest -> the lock of its one compile
         self._lock = threading.Lock()
+        self._speed: float | None = None
+        self._speed_lock = threading.Lock()
 
     def close(self) -> None:
         self.engine.close()
@@ -65,32 +85,60 @@ class Runtime:
         if expected_sha256 is not None and expected_sha256.lower() != digest:
             raise ImageError(f"image digest mismatch: expected {expected_sha256.lower()}, got {digest}")
         with self._lock:
-            cached = self._modules.get(digest)
+            cached = self._cached(digest)
             building = self._building.setdefault(digest, threading.Lock())
         if cached is not None:
             return cached
         # One compile per digest: pods of the same image starting together wait for it.
-        with building:
+        try:
+            with building:
+                with self._lock:
+                    cached = self._cached(digest)
+                return cached if cached is not None else self._compile(wasm, digest)
+        finally:
             with self._lock:
-                cached = self._modules.get(digest)
-            if cached is not None:
-                return cached
-            try:
-                info = binary.parse(wasm)
-            except binary.BinaryError as exc:
-                raise ImageError(f"not a valid WebAssembly module: {exc}") from None
-            kind, entry = classify(info)
-            compiled = self.engine.compile(wasm, info, digest)
-            module = Module(
-                sha256=digest, kind=kind, entry_point=entry,
-                exports=frozenset(info.exports), size=len(wasm),
-                compiled=compiled, info=info, engine_id=id(self.engine),
-            )
-            with self._lock:
-                self._modules[digest] = module
-            return module
+                if not building.locked():
+                    self._building.pop(digest, None)
+
+    def _cached(self, digest: str) -> Module | None:
+        """Under ``_lock``: the module of ``digest`` if it is still here, now the last used."""
+        module = self._modules.get(digest)
+        if module is not None:
+            self._recent[digest] = module
+            self._recent.move_to_end(digest)
+            while len(self._recent) > KEPT_MODULES or (
+                    self._recent and sum(m.cost_bytes for m in self._recent.values()) > self.kept_bytes):
+                self._recent.popitem(last=False)
+        return module
+
+    def _compile(self, wasm: bytes, digest: str) -> Module:
+        try:
+            info = binary.parse(wasm)
+        except binary.BinaryError as exc:
+            raise ImageError(f"not a valid WebAssembly module: {exc}") from None
+        kind, entry = classify(info)
+        compiled = self.engine.compile(wasm, info, digest)
+        cost, per_instance = self.engine.costs(compiled, info, len(wasm))
+        module = Module(
+            sha256=digest, kind=kind, entry_point=entry,
+            exports=frozenset(info.exports), size=len(wasm),
+            compiled=compiled, info=info, engine_id=id(self.engine),
+            cost_bytes=cost, instance_bytes=per_instance,
+        )
+        with self._lock:
+            self._modules[digest] = module
+            self._cached(digest)
+        return module
 
     # -- speed -------------------------------------------------------------------
+    def speed(self) -> float:
+        """:meth:`measure_mops`, measured at the first call and the same figure after it
+        (one engine, one machine: every node sharing this runtime reports it)."""
+        with self._speed_lock:
+            if self._speed is None:
+                self._speed = self.measure_mops()
+            return self._speed
+
     def measure_mops(self) -> float:
         """Millions of i32 operations per second of the fixed kernel: the best of
         :data:`MOPS_RUNS` runs of about :data:`MOPS_RUN_SECONDS` each, timed in the CPU
@@ -123,7 +171,9 @@ def classify(info: binary.ModuleInfo) -> tuple[str, str | None]:
     for module, name, kind, desc in info.imports:
         if module != abi.IMPORT_MODULE or kind != binary.KIND_FUNC or name not in abi.IMPORTS:
             raise ImageError(f"import {module}.{name} is not part of the pod ABI")
-        sig = info.types[desc]  # type: ignore[index]
+        sig = info.types[desc] if isinstance(desc, int) else None
+        if sig is None:
+            raise ImageError(f"import {module}.{name} has no function type")
         if (sig.params, sig.results) != abi.IMPORTS[name]:
             raise ImageError(f"import {module}.{name} has the wrong signature")
     if info.memory is None:

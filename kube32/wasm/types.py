@@ -15,6 +15,11 @@ class PodError(Exception):
     restore did not fit.  str(err) names the cause."""
 
 
+class StartTimeout(PodError):
+    """The module's start function, ``k32_init`` or ``k32_restored`` did not return within
+    the start timeout: the container never started (Kubernetes' ``StartError``)."""
+
+
 class PodFrozen(PodError):
     """The pod is frozen (or freezing): the kubelet answers 503 with Retry-After: 1."""
 
@@ -34,6 +39,10 @@ class Module:
     compiled: Any = field(default=None, repr=False, compare=False)   # the engine's (Engine.compile)
     info: Any = field(default=None, repr=False, compare=False)       # binary.ModuleInfo
     engine_id: int = field(default=0, repr=False, compare=False)     # id() of the engine that compiled it
+    # What it costs the node (Engine.costs): once for all its pods, and per instance besides
+    # the instance's memory and tables.
+    cost_bytes: int = 0
+    instance_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,9 @@ class PodConfig:
     assets: Mapping[str, bytes] = field(default_factory=dict)
     memory_limit_bytes: int | None = None
     call_timeout_ms: int = 10000
+    # The start function and k32_init (or k32_restored) must return within this (None: the
+    # call timeout); past it the start fails with StartTimeout.
+    start_timeout_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@
 - ``pods``: per engine, the sha256 of the snapshot of a counter pod after the same
   calls (memory grown twice, an event delivered, events held while frozen), its two
   clock fields set to zero (they are the moment of the freeze, not the pod's state),
-  and the pod's own answer after the same snapshot is restored into a fresh pod.
+  and the pod's own answer after the same snapshot is restored into a fresh pod; and
+  ``nan``: the bits of a NaN the pod computed (the CPU's) and of one it set by bits.
 
 Nothing here depends on the clock: the pod gets no ticks and its calls read no time.
 """
@@ -24,6 +25,7 @@ import platform
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 from kube32.snapshot import (
     NULL_FUNC, VALTYPE_F32, VALTYPE_F64, VALTYPE_FUNCREF, VALTYPE_I32, VALTYPE_I64, ChannelState, GlobalState,
@@ -31,6 +33,14 @@ from kube32.snapshot import (
 )
 
 COUNTER = Path(__file__).resolve().parents[2] / "examples" / "pods" / "counter.wasm"
+# tests/unit/test_wasm_bounds.py's NAN_WAT, assembled (wasmtime, which assembles WAT, is not
+# on every CPU): its k32_handle sets global 1 to inf - inf (the CPU's NaN) and global 2 to
+# a NaN by its bits (0x7FF4000000000123), and answers both, the second negated.
+NAN_WASM = bytes.fromhex(
+    "0061736d01000000010a0260027f7f017f600000021501036b33320d6b33325f726573705f626f647900000302010105030100"
+    "010625037c0144000000000000f07f0b7c014400000000000000000b7c014400000000000000000b070e010a6b33325f68616e"
+    "646c6500010a2f012d0023002300a1240142a3828080808080faff00bf240241002301390300410823029a3903004100411010"
+    "001a0b001f046e616d65010501000272620711030003696e6601046d6164650203736574")
 
 
 def fixed_state() -> tuple[PodState, bytes]:
@@ -117,7 +127,22 @@ def pod_golden(engine: str) -> dict:
     fresh.stop()
     return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
             "restored": {k: after[k] for k in ("requests", "events", "init_calls", "restored_calls", "grown_kb",
-                                               "last_event", "memory_bytes")}}
+                                               "last_event", "memory_bytes")},
+            "nan": nan_bits(rt, Host())}
+
+
+def nan_bits(rt: Any, host: Any) -> dict:
+    """The bits of the NaN pod's answer and of its snapshot's globals (docs/cross-cpu.md:
+    the NaN arithmetic makes is the CPU's; a NaN that exists keeps its bits)."""
+    from kube32.wasm import HttpRequest, Pod, PodConfig
+
+    pod = Pod(rt, rt.load(NAN_WASM), PodConfig("default", "nan", memory_limit_bytes=65536), host)
+    pod.start()
+    made, negated = struct.unpack("<QQ", pod.handle(HttpRequest("GET", "/")).result(timeout=120).body)
+    pod.freeze(60_000)
+    state = pod.snapshot().state
+    pod.stop()
+    return {"made": made, "negated": negated, "globals": {str(g.index): g.bits for g in state.globals}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,12 +5,16 @@ background thread, does the part of a kubelet the control loops depend on: renew
 each node's Lease in ``kube-node-lease``, mark its pods Running and Ready, and
 finish graceful deletions (delete with grace 0 a pod that has a deletionTimestamp).
 A node can be "killed" (no more renewals, pods left as they are) and revived.
+
+A Node's status is written as a kubelet writes it (:func:`write_node_status`): read, change,
+PUT guarded by the read's resourceVersion, and on 409 (a controller - node lifecycle, the
+taint manager - wrote the Node meanwhile) read again and retry, never give up at once.
 """
 from __future__ import annotations
 
 import datetime as dt
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
@@ -25,10 +29,49 @@ def node_body(name: str, memory: str = "1Mi", pods: int = 20, labels: dict | Non
     alloc = {"memory": memory, "pods": str(pods), **(extra or {})}
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
-            "status": {"capacity": alloc, "allocatable": alloc,
-                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                       "message": "kubelet is posting ready status",
-                                       "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}}
+            "status": {"capacity": alloc, "allocatable": alloc, "conditions": [ready_condition()]}}
+
+
+STATUS_ATTEMPTS = 10   # a 409 each time means something writes the Node in a loop: fail loudly
+
+
+def ready_condition() -> dict[str, Any]:
+    return {"type": "Ready", "status": "True", "reason": "KubeletReady",
+            "message": "kubelet is posting ready status", "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}
+
+
+def set_condition(status: dict[str, Any], condition: dict[str, Any]) -> None:
+    """``condition`` in ``status``, in place of one of its type."""
+    others = [c for c in status.get("conditions") or [] if c.get("type") != condition["type"]]
+    status["conditions"] = [*others, condition]
+
+
+def write_node_status(core: k8s.CoreV1Api, name: str, change: Callable[[dict[str, Any]], bool]) -> None:
+    """Change Node ``name``'s status as a kubelet does: ``change(node)`` edits the Node read
+    (a dict) and says whether there is anything to write; the PUT carries the read's
+    resourceVersion, and a 409 reads the Node again and retries (:data:`STATUS_ATTEMPTS`)."""
+    for _ in range(STATUS_ATTEMPTS):
+        node = core.api_client.sanitize_for_serialization(core.read_node(name))
+        node.setdefault("status", {})
+        if not change(node):
+            return
+        try:
+            core.replace_node_status(name, node)
+            return
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    raise AssertionError(f"node {name}'s status: {STATUS_ATTEMPTS} writes in a row met 409 (Conflict)")
+
+
+def post_ready(core: k8s.CoreV1Api, name: str) -> None:
+    """Node ``name`` reports Ready (nothing written when it does already)."""
+    def change(node: dict[str, Any]) -> bool:
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in node["status"].get("conditions") or []):
+            return False
+        set_condition(node["status"], ready_condition())
+        return True
+    write_node_status(core, name, change)
 
 
 class FakeNodes:
@@ -84,13 +127,7 @@ class FakeNodes:
             self.coord.create_namespaced_lease("kube-node-lease", body)
 
     def _post_ready(self, name: str) -> None:
-        node = self.core.read_node(name)
-        if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
-            return
-        cond = {"type": "Ready", "status": "True", "reason": "KubeletReady",
-                "message": "kubelet is posting ready status", "lastHeartbeatTime": _now(),
-                "lastTransitionTime": _now()}
-        self.core.patch_node_status(name, {"status": {"conditions": [cond]}})
+        post_ready(self.core, name)
 
     def _tend_pods(self, name: str) -> None:
         pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items

@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.conftest import ControlPlane, sim_command, start, start_control_plane, wait_for
+from tests.e2e.helpers import node_token
 
 W1 = "127.0.0.2"
 CREDS = "/apis/kube32.io/v1/nodecredentials"
@@ -47,6 +48,8 @@ class Cluster:
         self._n = 0
 
     def token_of(self, user: str) -> str:
+        if user.startswith("system:node:"):
+            return node_token(self.cp, user[len("system:node:"):])
         tokens = json.loads((self.cp.data_dir / "tokens.json").read_text())
         return next(t for t, u in tokens.items() if u["username"] == user)
 
@@ -208,14 +211,15 @@ def test_renewal_with_the_nodes_own_token_is_held_to_the_same_policy(cluster: Cl
 
 def test_every_certificate_verifies_strictly_with_its_own_signer_only(cluster: Cluster) -> None:
     """What Python 3.13 refuses (no Authority Key Identifier), openssl's -x509_strict
-    refuses too; and the kubelet serves a certificate for its own address alone."""
+    refuses too; and the kubelet serves a certificate for its own address and name alone
+    (the API server verifies a kubelet by its node's name)."""
     port = json.loads(cluster.cp.kubectl("get", "node", "w1", "-o", "json").stdout)[
         "status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
     shown = subprocess.run(["openssl", "s_client", "-connect", f"{W1}:{port}"], input="", capture_output=True,
                            text=True, timeout=20).stdout
     kubelet = cluster.root / "kubelet.crt"
     kubelet.write_text(re.search(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----\n", shown, re.S).group(0))
-    assert sans(kubelet) == ("X509v3 Subject Alternative Name: IP Address:127.0.0.2 "
+    assert sans(kubelet) == ("X509v3 Subject Alternative Name: IP Address:127.0.0.2, DNS:w1 "
                              "issuer=CN = kube32-kubelet-serving-ca")
     ca, kubelet_ca = cluster.pki / "ca.crt", cluster.pki / "kubelet-ca.crt"
     for crt, own, other in ((cluster.pki / "apiserver.crt", ca, kubelet_ca), (kubelet, kubelet_ca, ca)):

@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, ControlPlane, start_cluster, wait_for
-from tests.e2e.helpers import get_json, push
+from tests.e2e.helpers import get_json, kubelet_client_token, node_token, push
 
 COUNTER = ROOT / "examples" / "pods" / "counter.wasm"
 ECHO = ROOT / "examples" / "pods" / "echo.wasm"
@@ -142,9 +142,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         users = {u["username"]: t for t, u in json.loads((cp.data_dir / "tokens.json").read_text()).items()}
         node_kubeconfig = yaml.safe_load((cp.data_dir / "node.kubeconfig").read_text())
         tokens: dict[str, str | None] = {
-            "admin": users["kubernetes-admin"], "node": users[f"system:node:{NODE}"],
+            "admin": users["kubernetes-admin"], "node": node_token(cp, NODE),
             "bootstrap": node_kubeconfig["users"][0]["user"]["token"], "anonymous": None,
-            "kubelet-client": users["system:kube-apiserver-kubelet-client"]}
+            "kubelet-client": kubelet_client_token(cp, NODE)}
         for who, (ns, sa) in ACCOUNTS.items():
             tokens[who] = cp.kubectl("create", "token", sa, "-n", ns, "--duration", "1h").stdout.strip()
         for ns, name in (("default", "sec"), ("other", "mine")):

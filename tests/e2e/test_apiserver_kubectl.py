@@ -105,11 +105,52 @@ def test_apply_updates_with_strategic_merge_and_conflicts(control_plane: Control
     assert ('Error from server (Conflict)' in refused.stderr
             and "the object has been modified; please apply your changes to the latest version" in refused.stderr)
 
-    ssa = cp.kubectl("apply", "--server-side", "-f", "-", input=DEPLOYMENT % (5, "[]"))
+    # kubectl scale owns the replicas now (as on Kubernetes): a server-side apply that
+    # changes them conflicts, until it forces them.
+    refused = cp.kubectl("apply", "--server-side", "-f", "-", input=DEPLOYMENT % (5, "[]"), check=False)
+    assert refused.returncode != 0 and ".spec.replicas" in refused.stderr and "conflict" in refused.stderr, refused.stderr
+    ssa = cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=DEPLOYMENT % (5, "[]"))
     assert "serverside-applied" in ssa.stdout
     dep = json.loads(cp.kubectl("get", "deploy", "web", "-o", "json", "--show-managed-fields").stdout)
     assert dep["spec"]["replicas"] == 5
     assert any(m["manager"] == "kubectl" and m["operation"] == "Apply" for m in dep["metadata"]["managedFields"])
+
+
+def test_server_side_apply_conflicts_with_a_plain_write_as_kubernetes_does(control_plane: ControlPlane) -> None:
+    """Issue 23 item 6: apply replicas 3, ``kubectl scale --replicas=2``, apply again:
+    the conflict names the scale's manager; ``--force-conflicts`` takes the field back;
+    every write is recorded in managedFields with its manager and operation."""
+    cp = control_plane
+    text = DEPLOYMENT.replace("name: web}", "name: ssa}").replace("app: web", "app: ssa")
+    cp.kubectl("apply", "--server-side", "-f", "-", input=text % (3, "[]"))
+    cp.kubectl("scale", "deploy", "ssa", "--replicas=2")
+    cp.kubectl("label", "deploy", "ssa", "team=blue")
+    dep = json.loads(cp.kubectl("get", "deploy", "ssa", "-o", "json", "--show-managed-fields").stdout)
+    entries = {(m["manager"], m["operation"], m.get("subresource", "")): m for m in dep["metadata"]["managedFields"]}
+    scale = next(m for (_, op, sub), m in entries.items() if op == "Update" and sub == "scale")
+    assert scale["fieldsV1"] == {"f:spec": {"f:replicas": {}}}, scale
+    assert entries[("kubectl-label", "Update", "")]["fieldsV1"] == {"f:metadata": {"f:labels": {"f:team": {}}}}
+    assert "f:replicas" not in entries[("kubectl", "Apply", "")]["fieldsV1"]["f:spec"]
+    refused = cp.kubectl("apply", "--server-side", "-f", "-", input=text % (3, "[]"), check=False)
+    assert refused.returncode != 0, refused.stdout
+    assert (f'conflict with "{scale["manager"]}" with subresource "scale" using apps/v1: .spec.replicas'
+            in refused.stderr), refused.stderr
+    assert json.loads(cp.kubectl("get", "deploy", "ssa", "-o", "json").stdout)["spec"]["replicas"] == 2
+    # The same value is no conflict; force takes the field.
+    cp.kubectl("apply", "--server-side", "-f", "-", input=text % (2, "[]"))
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text % (3, "[]"))
+    dep = json.loads(cp.kubectl("get", "deploy", "ssa", "-o", "json", "--show-managed-fields").stdout)
+    assert dep["spec"]["replicas"] == 3 and dep["metadata"]["labels"]["team"] == "blue"
+    managers = {(m["manager"], m.get("subresource", "")) for m in dep["metadata"]["managedFields"]}
+    assert ("kubectl", "") in managers and not any(sub == "scale" for _, sub in managers), managers
+    # Through the kubernetes Python client: its writes carry its own manager.
+    from kubernetes import client, config
+    api = client.AppsV1Api(config.new_client_from_config(str(cp.kubeconfig)))
+    api.patch_namespaced_deployment("ssa", "default", {"spec": {"replicas": 1}})
+    dep = api.read_namespaced_deployment("ssa", "default")
+    assert any(m.manager.startswith("OpenAPI-Generator") and m.operation == "Update"
+               for m in dep.metadata.managed_fields), [m.manager for m in dep.metadata.managed_fields]
+    cp.kubectl("delete", "deploy", "ssa")
 
 
 def test_bad_input_is_refused_by_name_and_nothing_is_stored(control_plane: ControlPlane, tmp_path) -> None:

@@ -84,7 +84,7 @@ def test_node_pod_and_service_proxies_reach_the_kubelet(control_plane: ControlPl
     out = json.loads(cp.kubectl("get", "--raw", "/api/v1/nodes/n1/proxy/healthz?x=1").stdout)
     assert out == {"path": "/healthz", "query": "x=1", "len": 0}
     assert kubelet.seen[-1]["auth"].startswith("Bearer ") and len(kubelet.seen[-1]["auth"]) > 20
-    admin_token = [l for l in cp.kubeconfig.read_text().splitlines() if "token:" in l][0].split()[-1]
+    admin_token = [line for line in cp.kubeconfig.read_text().splitlines() if "token:" in line][0].split()[-1]
     assert admin_token not in kubelet.seen[-1]["auth"], "the user's token is not passed on"
 
     out = json.loads(cp.kubectl("get", "--raw", "/api/v1/namespaces/default/pods/p1/proxy/count?n=2").stdout)

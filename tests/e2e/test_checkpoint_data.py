@@ -92,7 +92,8 @@ def test_oldest_data_goes_first_when_the_space_is_full(api: Api, control_plane: 
     for name in ("a", "b"):
         control_plane.kubectl("apply", "-f", "-", input="apiVersion: kube32.io/v1\nkind: Checkpoint\n"
                               f"metadata: {{name: {name}}}\nspec: {{podName: p}}\n")
-    path = lambda n: f"/apis/kube32.io/v1/namespaces/default/checkpoints/{n}/data"
+    def path(n: str) -> str:
+        return f"/apis/kube32.io/v1/namespaces/default/checkpoints/{n}/data"
     assert api.call("PUT", path("a"), snapshot(b"\x01" * (7 << 20)), "application/octet-stream")[0] == 200
     assert api.call("PUT", path("b"), snapshot(b"\x02" * (7 << 20)), "application/octet-stream")[0] == 200
     assert api.call("PUT", path("ck"), snapshot(b"\x03" * (7 << 20)), "application/octet-stream")[0] == 200

@@ -47,6 +47,9 @@ FAST = ["--lease-interval", "1", "--node-monitor-grace-period", "4s", "--pod-evi
 MARKER = re.compile(r"^<!-- (test(?::\s*(up|fails))?|no test:\s*(.+?)) -->\s*$")
 FENCE = re.compile(r"^```(\w*)\s*$")
 BLOCK_TIMEOUT = 150
+# The docs' `kube32-sim up` takes its default port, 6443; here a free one (the kubeconfig
+# the blocks use names it), so that two runs of the suite at once do not collide.
+FREE_PORT = ["--port", "0"]
 
 
 @dataclass(frozen=True)
@@ -99,10 +102,10 @@ class Terminal:
         return code.replace(PLACEHOLDER, str(self.data_dir))
 
     def start_up(self, block: Block) -> None:
-        line = next(l for l in self.fill(block.code).splitlines() if l.strip().startswith("kube32-sim up"))
+        line = next(c for c in self.fill(block.code).splitlines() if c.strip().startswith("kube32-sim up"))
         cmd = line.split("#")[0].strip().rstrip("&").strip()
         log = open(self.data_dir / "up.log", "wb")
-        self.up = subprocess.Popen(["bash", "-c", f"exec {cmd} {' '.join(FAST)}"], env=self.env, cwd=ROOT,
+        self.up = subprocess.Popen(["bash", "-c", f"exec {cmd} {' '.join(FREE_PORT + FAST)}"], env=self.env, cwd=ROOT,
                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.groups.append(self.up.pid)
         wait_for(lambda: self.up.poll() is not None or "cluster ready" in self.up_log(), 120,
@@ -124,7 +127,7 @@ class Terminal:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-            raise AssertionError(f"{block}: still running after {BLOCK_TIMEOUT} s:\n{block.code}\n---\n{out}")
+            raise AssertionError(f"{block}: still running after {BLOCK_TIMEOUT} s:\n{block.code}\n---\n{out}") from None
         if proc.returncode == 0 and state.exists():
             self.env = dict(kv.split("=", 1) for kv in state.read_text().split("\0") if "=" in kv)
             state.unlink()
@@ -178,7 +181,7 @@ def test_page_commands_run(terminal: Terminal, page: str) -> None:
                 f"{block}: exited {result.returncode}:\n{block.code}\n---\n{result.stdout}"
 
 
-HELPS = [["kube32-sim", "up"], ["kube32-sim", "control-plane"], ["kube32-sim", "worker"],
+HELPS = [["kube32-sim", "up"], ["kube32-sim", "control-plane"], ["kube32-sim", "worker"], ["kube32-sim", "fleet"],
          ["kube32-cli", "move"], ["kube32-cli", "checkpoint"], ["kube32-cli", "image", "push"],
          ["kube32-cli", "publish"], ["kube32-cli", "snapshot", "inspect"]]
 

@@ -10,6 +10,7 @@ from typing import Iterator
 import pytest
 import yaml
 
+from kube32.wasm.engine_wasmtime import WasmtimeEngine
 from tests.conftest import ROOT, ControlPlane, sim_command, start, start_cluster, wait_for
 from tests.e2e.helpers import get_json, push, raw
 from tests.e2e.test_moves import api_call, counter_pod, extra_worker, running, state
@@ -146,15 +147,19 @@ def test_a_stopped_worker_drains_itself(cluster: ControlPlane, image: str) -> No
 
 
 def test_memory_pressure_moves_the_largest_auto_pod(cluster: ControlPlane, image: str) -> None:
-    board = extra_worker(cluster, "tight", "--heap", "400Ki", *FAST_LEASE)
+    # A heap of what the counter's module and two instances cost wasmtime, six pages (one
+    # for large, five for small once it grew) and 8 KiB: under the 24 KiB of pressure.
+    engine = WasmtimeEngine
+    heap = engine.bytes_per_module_byte * COUNTER.stat().st_size + 2 * engine.instance_bytes + 6 * 65536 + 8192
+    board = extra_worker(cluster, "tight", "--heap", str(heap), *FAST_LEASE)
     try:
         for name, mem in (("large", "128Ki"), ("small", "64Ki")):
             cluster.kubectl("apply", "-f", "-", input=counter_pod(
                 name, "tight", image, annotations={"kube32.io/migration": "Auto"},
                 container={"resources": {"requests": {"memory": mem}}}))
             running(cluster, name)
-        # Grow the small one until the node's free heap (400 KiB less 64 KiB for large)
-        # falls under 24 KiB: it takes what is free, as a pod on a board does.
+        # Grow the small one until the node's free heap falls under 24 KiB: it takes what
+        # is free, as a pod on a board does.
         code, _, body = api_call(cluster, "POST", "/api/v1/namespaces/default/pods/small/proxy/alloc?kb=256")
         assert code == 200, body
         try:

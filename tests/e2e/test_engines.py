@@ -38,7 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 def report(cluster: ControlPlane, method: str = "GET", path: str = "") -> dict[str, str]:
     status, _, body = api_call(cluster, method, f"/api/v1/namespaces/default/pods/st/proxy/{path}")
     assert status == 200, body
-    return dict(zip(FIELDS, body.decode().split()))
+    return dict(zip(FIELDS, body.decode().split(), strict=False))
 
 
 def running_on(cluster: ControlPlane, node: str) -> dict:

@@ -111,3 +111,29 @@ def test_drain_evicts_waits_and_reports_budgets(cluster) -> None:
     core.create_namespaced_pod("default", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "back"},
                                            "spec": {"containers": [{"name": "c", "image": "x"}]}})
     assert wait_for(lambda: core.read_namespaced_pod("back", "default").spec.node_name, 20) == "sim-1"
+
+
+def test_an_eviction_for_another_uid_is_a_409_and_evicts_nothing(cluster) -> None:
+    """deleteOptions.preconditions are judged before anything is done (issue 20): a
+    client that names the pod it meant by uid never evicts what replaced it (a moved
+    pod keeps its name)."""
+    cp, _ = cluster
+    core = k8s.CoreV1Api(cp.client())
+    make_pods(core, "sim-1", ["web-9"])
+    wait_for(lambda: ready_count(core) == 1, 20, what="the pod ready")
+    pod = core.read_namespaced_pod("web-9", "default")
+    for pre, said in (({"uid": "not-its-uid"}, "UID in precondition: not-its-uid, UID in object meta: "),
+                      ({"resourceVersion": "1"}, "ResourceVersion in precondition: 1, ResourceVersion in object meta")):
+        evict = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "web-9"},
+                 "deleteOptions": {"preconditions": pre}}
+        with pytest.raises(ApiException) as refused:
+            core.create_namespaced_pod_eviction("web-9", "default", evict)
+        body = json.loads(refused.value.body)
+        assert refused.value.status == 409 and body["reason"] == "Conflict", body
+        assert f"Precondition failed: {said}" in body["message"], body["message"]
+        assert core.read_namespaced_pod("web-9", "default").metadata.deletion_timestamp is None
+    evict = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "web-9"},
+             "deleteOptions": {"preconditions": {"uid": pod.metadata.uid}}}
+    core.create_namespaced_pod_eviction("web-9", "default", evict)
+    wait_for(lambda: not [p for p in core.list_namespaced_pod("default").items if p.metadata.name == "web-9"
+                          and p.metadata.deletion_timestamp is None], 20, what="the pod evicted")

@@ -70,7 +70,7 @@ def _missing(want: Any, got: Any, path: str = "") -> list[str]:
     if isinstance(want, list):
         if not isinstance(got, list) or len(got) != len(want):
             return [f"{path}: {got!r} != {want!r}"]
-        return [m for i, (w, g) in enumerate(zip(want, got)) for m in _missing(w, g, f"{path}[{i}]")]
+        return [m for i, (w, g) in enumerate(zip(want, got, strict=False)) for m in _missing(w, g, f"{path}[{i}]")]
     return [] if want == got else [f"{path}: {got!r} != {want!r}"]
 
 

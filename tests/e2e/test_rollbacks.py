@@ -101,8 +101,12 @@ def assert_one_pod_all_along(seen: dict[str, list[dict]], name: str) -> None:
     assert pods and sets, seen
     names = {e["object"]["metadata"]["name"] for e in pods}
     assert names == {name}, f"the Deployment started another pod: {sorted(names)}"
-    assert not [e for e in pods if e["type"] == "DELETED" or e["object"]["metadata"].get("deletionTimestamp")], \
-        "a pod went terminating"
+    # A move's one write shows as DELETED (marked kube32.io/replaced-by) then ADDED (issue 23
+    # item 3); any other DELETED, or a deletionTimestamp, is a pod that went.
+    moved = [e for e in pods if e["type"] == "DELETED"
+             and "kube32.io/replaced-by" in (e["object"]["metadata"].get("annotations") or {})]
+    assert not [e for e in pods if (e["type"] == "DELETED" and e not in moved)
+                or e["object"]["metadata"].get("deletionTimestamp")], "a pod went terminating"
     counts = [(e["object"].get("status") or {}).get("replicas", 0) for e in sets]
     assert all(c == 1 for c in counts), f"the ReplicaSet counted {counts}"
 
@@ -185,6 +189,150 @@ def test_draining_the_target_of_a_move_under_way_keeps_the_pod_and_its_state(clu
     cluster.kubectl("delete", "deployment", app)
 
 
+def move_object(name: str, pod: str, target: str) -> str:
+    return yaml.safe_dump({"apiVersion": "kube32.io/v1", "kind": "Checkpoint", "metadata": {"name": name},
+                           "spec": {"podName": pod, "action": "Move", "target": {"nodeName": target}}})
+
+
+def test_a_checkpoint_deleted_while_its_replacement_restores_stays_until_the_rollback_ran(
+        cluster: FaultCluster, image: str, node) -> None:
+    """Spec: "A Checkpoint stays while a pod's kube32.io/restore-from names it", and a
+    replacement that does not run in time "goes back to its source node and restores there
+    from the same Checkpoint".  ``kubectl delete checkpoint`` while the replacement restores
+    only marks it (its finalizer ``kube32.io/checkpoint-protection``): the rollback restores
+    the pod from it with its state, and then it goes, its data with it."""
+    node("delck-target", "--fault", "hang-restores")
+    pod, ck = "delck", "delck-move"
+    cluster.kubectl("apply", "-f", "-", input=counter_pod(pod, "sim-1", image))
+    running(cluster, pod)
+    state(cluster, pod)
+    before = state(cluster, pod)
+    cluster.kubectl("apply", "-f", "-", input=move_object(ck, pod, "delck-target"))
+    the_checkpoint(cluster, pod, "Moving")
+    cluster.kubectl("delete", "checkpoint", ck, "--wait=false")
+    marked = get_json(cluster, "checkpoint", ck)["metadata"]
+    assert marked.get("deletionTimestamp") and marked["finalizers"] == ["kube32.io/checkpoint-protection"], marked
+    assert get_json(cluster, "pod", pod)["metadata"]["annotations"]["kube32.io/restore-from"] == ck
+    wait_for(lambda: running(cluster, pod)["spec"]["nodeName"] == "sim-1", ROLLBACK_S + 20,
+             what="the pod rolled back to sim-1")
+    after = state(cluster, pod)
+    assert after["requests"] == before["requests"] + 1 and after["restored_calls"] == 1, after
+    # Nothing needs it now: it goes, and its data with it.
+    cluster.kubectl("wait", "--for=delete", f"checkpoint/{ck}", "--timeout=30s", timeout=60)
+    assert api_call(cluster, "GET", f"/apis/kube32.io/v1/namespaces/default/checkpoints/{ck}/data")[0] == 404
+    cluster.kubectl("delete", "pod", pod, "--wait=false")
+
+
+def test_a_rollback_to_a_source_without_room_restores_where_the_scheduler_binds_it(
+        cluster: FaultCluster, image: str, node) -> None:
+    """Spec: "The pod's state is never given up while a copy of it can still run".  While the
+    replacement hangs, another pod takes the room the pod left on its source: a rollback
+    there would be refused (OutOfmemory) and the pod start afresh.  The pod goes to the
+    scheduler instead and restores, with its state, on a node with room."""
+    small, target = "roomless", "roomless-target"
+    node(small, "--heap", "10Mi")
+    node(target, "--fault", "hang-restores")
+    six = {"resources": {"requests": {"memory": "6Mi"}, "limits": {"memory": "6Mi"}}}
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("roomy", small, image, container=six))
+    running(cluster, "roomy")
+    state(cluster, "roomy")
+    before = state(cluster, "roomy")
+    mover = move_bg(cluster, "roomy", "--to", target)
+    the_checkpoint(cluster, "roomy", "Moving")
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("squatter", small, image, container=six))
+    running(cluster, "squatter")
+    cluster.kubectl("cordon", target)  # the scheduler's choice: sim-1 or sim-2
+    out = mover.communicate(timeout=90)[0].decode()
+    assert mover.returncode == 1, out
+    why = f"rolled back to the scheduler ({small} has no room for it: Insufficient memory)"
+    assert why in out and "with its state" in out, out
+    ck = the_checkpoint(cluster, "roomy", "Failed")
+    assert ck["status"]["message"].startswith(why + ": the replacement did not run within"), ck["status"]
+    back = running(cluster, "roomy")
+    assert back["spec"]["nodeName"] in ("sim-1", "sim-2"), back["spec"]
+    after = state(cluster, "roomy")
+    assert after["requests"] == before["requests"] + 1 and after["restored_calls"] == 1, after
+    assert after["init_calls"] == 1, after
+    cluster.kubectl("delete", "pod", "roomy", "squatter", "--wait=false")
+
+
+def test_a_drain_whose_move_rolls_back_does_not_say_the_node_is_drained(cluster: FaultCluster, image: str,
+                                                                      node) -> None:
+    """``kubectl drain`` said ``node/sim-2 drained`` (exit 0) while the pod, its move rolled
+    back, ran on sim-2 again.  The eviction's answer says how its move ended: rolled back is
+    429 with the move's reason, so kubectl drain prints it, asks again and ends at its
+    ``--timeout`` with the reason; meanwhile evictions do not move the pod again (each try
+    would roll back again), and it keeps its state where it is."""
+    node("drain-bad", "--fault", "corrupt-restores")   # the only node a move of it can go to
+    cluster.kubectl("apply", "-f", "-", input=counter_pod("drainrb", "sim-2", image))
+    running(cluster, "drainrb")
+    state(cluster, "drainrb")
+    before = state(cluster, "drainrb")
+    cluster.kubectl("cordon", "sim-1")
+    try:
+        drain = cluster.kubectl("drain", "sim-2", "--force", "--ignore-daemonsets", "--timeout=20s",
+                                "--pod-selector=app=drainrb", check=False, timeout=60)
+    finally:
+        for n in ("sim-1", "sim-2"):
+            cluster.kubectl("uncordon", n)
+    said = drain.stdout + drain.stderr
+    assert drain.returncode != 0 and "drained" not in drain.stdout, said
+    assert 'pod "drainrb" was not evicted: its move (checkpoint drainrb-evict-' in drain.stderr, said
+    assert "failed: rolled back to sim-2: cannot restore the snapshot" in drain.stderr, said
+    assert "evictions do not move it again for" in drain.stderr and "global timeout reached" in said, said
+    back = running(cluster, "drainrb")
+    assert back["spec"]["nodeName"] == "sim-2"
+    after = state(cluster, "drainrb")
+    assert after["requests"] == before["requests"] + 1 and after["restored_calls"] == 1, after
+    moves = [c for c in checkpoints_of(cluster, "drainrb")
+             if (c["metadata"].get("labels") or {}).get("kube32.io/trigger") == "eviction"]
+    assert len(moves) == 1 and moves[0]["status"]["phase"] == "Failed", [c["status"] for c in moves]
+    cluster.kubectl("delete", "pod", "drainrb", "--wait=false")
+
+
+def test_a_drained_node_never_gets_back_a_pod_whose_move_rolls_back_after_the_drain_ended(
+        cluster: FaultCluster, image: str, node) -> None:
+    """Issue #20: the eviction answers 201 after its 5 s wait while the move's replacement
+    still restores (the target hangs), ``kubectl drain`` says ``drained``; the rollback 6 s
+    later put the pod back on the drained node.  It never does now: the eviction marked the
+    move answered, so with no other node to take it then (sim-1 and the target cordoned) the
+    pod waits for the scheduler and restores, with its state, where it binds it (sim-1, once
+    uncordoned), as a rollback to a source without room does."""
+    name, target = "drainlate", "drainlate-target"
+    node(target, "--fault", "hang-restores")   # the only node a move of it can go to
+    cluster.kubectl("apply", "-f", "-", input=counter_pod(name, "sim-2", image))
+    running(cluster, name)
+    state(cluster, name)
+    before = state(cluster, name)
+    cluster.kubectl("cordon", "sim-1")
+    try:
+        drain = subprocess.Popen(
+            ["kubectl", "--kubeconfig", str(cluster.kubeconfig), "--cache-dir", str(cluster.cache_dir), "drain",
+             "sim-2", "--force", "--ignore-daemonsets", "--timeout=60s", f"--pod-selector=app={name}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        the_checkpoint(cluster, name, "Moving")
+        cluster.kubectl("cordon", target)   # nowhere else to go at the rollback
+        out, err = drain.communicate(timeout=60)
+        assert drain.returncode == 0 and "node/sim-2 drained" in out, out + err
+        ck = the_checkpoint(cluster, name, "Failed", timeout=30)
+        why = "rolled back to the scheduler (sim-2 is cordoned and its eviction was answered): "
+        assert ck["status"]["message"].startswith(why + "the replacement did not run within"), ck["status"]
+        assert ck["metadata"]["annotations"]["kube32.io/eviction-answered"] == "true"
+        waiting = get_json(cluster, "pod", name)
+        assert not waiting["spec"].get("nodeName"), (   # not sim-2: the scheduler's, and none fits
+            waiting["spec"].get("nodeName"), cluster.kubectl("get", "nodes").stdout,
+            cluster.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}").stdout)
+        cluster.kubectl("uncordon", "sim-1")
+        back = running(cluster, name)
+    finally:
+        for n in ("sim-1", "sim-2", target):
+            cluster.kubectl("uncordon", n, check=False)
+    assert back["spec"]["nodeName"] == "sim-1", back["spec"]
+    after = state(cluster, name)
+    assert after["requests"] == before["requests"] + 1 and after["restored_calls"] == 1, after
+    cluster.kubectl("delete", "pod", name, "--wait=false")
+
+
 # --- what a Checkpoint says: its data, its turn, a control plane restart -------------------------
 def serve(cluster: FaultCluster, name: str, node_name: str, image: str) -> dict:
     cluster.kubectl("apply", "-f", "-", input=counter_pod(name, node_name, image))
@@ -204,8 +352,8 @@ def wide_row(cluster: FaultCluster, ck: str) -> dict[str, str]:
     header = lines[0]
     starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")
               and not (header[i - 4:i] == "NEW " and header[i:i + 3] == "POD")]
-    names = [header[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
-    return {n: lines[1][a:b].strip() for n, a, b in zip(names, starts, starts[1:] + [None])}
+    names = [header[a:b].strip() for a, b in zip(starts, starts[1:] + [None], strict=True)]
+    return {n: lines[1][a:b].strip() for n, a, b in zip(names, starts, starts[1:] + [None], strict=True)}
 
 
 def assert_data_gone(cluster: FaultCluster, ck: str, reason: str, words: str, phase: str) -> None:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import ControlPlane, Proc, sim_command, start, start_control_plane, wait_for
+from tests.e2e.helpers import node_token
 
 JANE, BOB = "t-jane-0123456789", "t-bob-0123456789"
 NS = "default"
@@ -40,6 +41,8 @@ class Cluster:
         self.kubelet_ctx = ssl.create_default_context(cafile=str(cp.data_dir / "pki" / "kubelet-ca.crt"))
 
     def token_of(self, user: str) -> str:
+        if user.startswith("system:node:"):
+            return node_token(self.cp, user[len("system:node:"):])
         tokens = json.loads((self.cp.data_dir / "tokens.json").read_text())
         return next(t for t, u in tokens.items() if u["username"] == user)
 

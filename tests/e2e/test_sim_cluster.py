@@ -206,6 +206,7 @@ def test_kubelet_endpoint_admits_only_the_api_server(sim_cluster: ControlPlane) 
 def test_keyboard_events_and_a_killed_worker_stops_renewing(sim_cluster: ControlPlane) -> None:
     worker = start(sim_command("worker", "--kubeconfig", str(sim_cluster.data_dir / "node.kubeconfig"),
                                "--name", "board-x", "--profile", "cardputer", "--lease-interval", "0.3",
+                               "--heap", "2Mi",   # counter.wasm costs pwasm 0.7 MiB: more than 320 KiB
                                "--interp-mops", "7"), sim_cluster.data_dir / "board-x.log")
     try:
         def ready_node() -> dict | None:

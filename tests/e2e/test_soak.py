@@ -109,7 +109,7 @@ def test_ten_moves_at_once_all_complete(cluster: ControlPlane, image: str) -> No
     windows = sorted((c["status"]["snapshotStartMs"], c["status"]["snapshotEndMs"])
                      for c in get_json(cluster, "checkpoints")["items"] if c["metadata"]["name"].endswith("-move"))
     assert len(windows) == 10
-    for (_, end), (start, _) in zip(windows, windows[1:]):
+    for (_, end), (start, _) in zip(windows, windows[1:], strict=False):
         assert end <= start, f"two snapshots at once: {windows}"   # one snapshot at a time
     for n in names:
         pod = running(cluster, n)
@@ -148,7 +148,10 @@ def test_drain_of_fifty_pods_while_a_node_joins(cluster: ControlPlane, image: st
             assert p["spec"]["nodeName"] != "sim-1" and p["metadata"]["uid"] != uids[n], n
         for n in names:
             s = wait_for(lambda: state(cluster, n), 15, what=f"{n} answering")
-            assert s["requests"] == before[n] + 1 and s["restored_calls"] == 1, (n, s)
+            # State kept (one request more than before, never started afresh).  A move that
+            # rolled back on a loaded machine and went again on the drain's retry restored
+            # twice, as the spec allows: at least one restore, not exactly one.
+            assert s["requests"] == before[n] + 1 and s["init_calls"] == 1 and s["restored_calls"] >= 1, (n, s)
         assert get_json(cluster, "node", "joiner")["metadata"]["name"] == "joiner"
     finally:
         cluster.kubectl("uncordon", "sim-1")

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Iterator
 
 import pytest
 
 from tests.conftest import ControlPlane, start_control_plane, wait_for
+from tests.e2e.fakenodes import post_ready
 
 IMAGE = "wasm://127.0.0.1/counter.wasm"
 
@@ -238,10 +238,7 @@ def add_node(cp: ControlPlane, api, name: str, tier: str) -> None:
     """A Node that reports Ready (else node lifecycle taints it unreachable, and daemon
     pods do not tolerate unreachable:NoSchedule, as in Kubernetes)."""
     cp.kubectl("apply", "-f", "-", input=NODE % (name, name, tier))
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    api.patch_node_status(name, {"status": {"conditions": [
-        {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
-         "lastTransitionTime": now}]}})
+    post_ready(api, name)   # a status PUT that reads again on 409, as a kubelet's
 
 
 DAEMONSET = """

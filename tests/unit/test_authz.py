@@ -13,6 +13,7 @@ from kube32.apiserver.auth import TokenAuthenticator, TokenFileError, User, read
 from kube32.apiserver.errors import APIError
 from kube32.apiserver.registry import Registry
 from kube32.apiserver.resources import by_plural
+from kube32.apiserver.routing import query_flag
 from kube32.store import SQLiteStore
 
 JANE = User("jane", ("dev",))
@@ -50,6 +51,37 @@ def test_request_attributes_follow_request_info(method, path, query, want) -> No
     assert a.resource_request
     assert (a.verb, a.namespace, a.api_group, a.resource, a.subresource, a.name) == want
     assert a.groups == ("dev", "system:authenticated")
+
+
+@pytest.mark.parametrize("value,watch", [
+    (None, False), ("0", False), ("false", False), ("False", False), ("FALSE", False),
+    ("1", True), ("true", True), ("True", True), ("TRUE", True), ("t", True), ("yes", True), ("", True),
+    ("no", True),   # kube-apiserver: anything but absent, 0 or false is true
+])
+def test_the_verb_and_the_handler_read_watch_by_one_function(value, watch) -> None:
+    """Issue 19: ``?watch=yes`` was served as a watch and authorised as a list."""
+    query = {} if value is None else {"watch": value}
+    assert query_flag(query, "watch") is watch
+    a = authz.request_attributes(JANE, "GET", "/api/v1/namespaces/default/pods", query)
+    assert a.verb == ("watch" if watch else "list")
+    # A named GET is served as a get whatever watch says, and authorised as one.
+    assert authz.request_attributes(JANE, "GET", "/api/v1/namespaces/default/pods/x", query).verb == "get"
+
+
+@pytest.mark.parametrize("selector,allowed", [
+    ("spec.nodeName=a", True), ("spec.nodeName==a", True), ("spec.nodeName = a", True),
+    ("metadata.name=x,spec.nodeName=a", True), ("spec.nodeName=b", False), ("spec.nodeName!=a", False),
+    ("spec.nodeName", False), ("", False)])
+@in_loop
+async def test_the_node_authorizer_reads_a_field_selector_as_the_handler_does(tmp_path: Path, selector,
+                                                                             allowed) -> None:
+    """The one parse of the list handler (selectors.parse_field_selector) decides."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        attrs = authz.request_attributes(NODE_A, "GET", "/api/v1/pods", {"fieldSelector": selector, "watch": "1"})
+        assert (await authz.Authorizer(Registry(store)).authorize(attrs))[0] is allowed
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize("path", ["/api", "/apis", "/apis/apps", "/apis/apps/v1", "/api/v1", "/openapi/v3"])
@@ -164,16 +196,32 @@ def test_static_token_file(tmp_path: Path) -> None:
         read_token_file(tmp_path / "missing.csv")
 
 
-def test_node_tokens_replace_the_previous_one_and_persist(tmp_path: Path) -> None:
-    auth = TokenAuthenticator({}, tmp_path / "tokens.json")
-    auth.add_static({"static": User("system:node:a", ("system:nodes",))})
-    first = auth.issue_node_token("a")
-    second = auth.issue_node_token("a")
-    assert auth.authenticate(f"Bearer {first}") is None
-    assert auth.authenticate(f"Bearer {second}") == User("system:node:a", ("system:nodes",))
-    assert auth.authenticate("Bearer static") is not None     # static tokens are the file's business
-    assert "static" not in (tmp_path / "tokens.json").read_text()
-    assert second in (tmp_path / "tokens.json").read_text()
+@in_loop
+async def test_node_tokens_are_known_to_every_api_server_of_the_store_and_replace_the_previous_one(
+        tmp_path: Path) -> None:
+    from kube32.apiserver.auth import NODE_TOKEN_PREFIX, ServiceAccountTokens
+    from kube32.apiserver.nodetokens import NodeTokens
+
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        reg = Registry(store)
+        await reg.create(by_plural("namespaces"), None, {"metadata": {"name": "kube-system"}},
+                         check_namespace=False)
+        key = ServiceAccountTokens(b"k" * 32)
+        auth = TokenAuthenticator({}, key)
+        one, two = NodeTokens(reg), NodeTokens(Registry(store))  # two API servers, one store
+        first = await one.issue(key, "a")
+        user = auth.authenticate(f"Bearer {first}")
+        assert user == NODE_A and await one.still_valid(user) and await two.still_valid(user)
+        second = await two.issue(key, "a")
+        assert not await two.still_valid(auth.authenticate(f"Bearer {first}")), "revoked"  # type: ignore[arg-type]
+        assert await one.still_valid(auth.authenticate(f"Bearer {second}"))  # type: ignore[arg-type]
+        assert first not in str(await reg.list(by_plural("secrets"), "kube-system")), "no token is stored"
+        forged = ServiceAccountTokens(b"x" * 32).sign(NODE_TOKEN_PREFIX, {"node": "b", "id": "1"})
+        assert auth.authenticate(f"Bearer {forged}") is None                  # another key
+        assert auth.authenticate(f"Bearer {first[:-3]}abc") is None           # a changed signature
+    finally:
+        await store.close()
 
 
 def test_service_account_tokens_are_signed_and_expire() -> None:
@@ -187,7 +235,7 @@ def test_service_account_tokens_are_signed_and_expire() -> None:
     forged = ServiceAccountTokens(b"x" * 32).issue("default", "admin", "uid-1", 2000).split(".")[1]
     assert sa.verify(f"{head}.{forged}.{mac}", 1) is None                   # payload swapped
     assert sa.verify("k32sa.garbage", 1) is None and sa.verify("k32sa.a.b", 1) is None
-    auth = TokenAuthenticator({}, None, sa)
+    auth = TokenAuthenticator({}, sa)
     user = auth.authenticate(f"Bearer {sa.issue('ns1', 'bot', 'u', 2**40)}")
     assert user is not None and user.name == "system:serviceaccount:ns1:bot"
     assert user.groups == ("system:serviceaccounts", "system:serviceaccounts:ns1")

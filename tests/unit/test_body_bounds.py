@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kube32.apiserver import bodies, errors, jsonshape, yamlbody
 from kube32.apiserver.limits import MAX_DECODED, MAX_DEPTH, MAX_VALUES
 from kube32.apiserver.patch import PatchError, PatchLimit, json_patch, nesting
-from kube32.apiserver.registry import encode_bounded
+from kube32.apiserver.registry import encode, encode_bounded
 from kube32.apiserver.resources import by_plural
 from kube32.podfit import allocatable, shortfalls
 from kube32.quantity import MAX_QUANTITY, QuantityTooLarge, parse_quantity
@@ -27,7 +27,7 @@ def load(text: str | bytes) -> object:
 def laughs(levels: int) -> str:
     lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     names = "abcdefghijklmnop"
-    for prev, name in zip(names, names[1:levels + 1]):
+    for prev, name in zip(names, names[1:levels + 1], strict=False):
         lines.append(f"{name}: &{name} [{', '.join(['*' + prev] * 9)}]")
     return "\n".join(lines)
 
@@ -44,7 +44,7 @@ def test_billion_laughs_is_refused_at_once():
 def test_merge_key_bomb_is_refused():
     lines = ["a: &a {x: 1, y: 2}"]
     names = "abcdefghijklmnop"
-    for prev, name in zip(names, names[1:]):
+    for prev, name in zip(names, names[1:], strict=False):
         lines.append(f"{name}: &{name} {{<<: [{', '.join(['*' + prev] * 9)}]}}")
     with pytest.raises(yamlbody.BodyError) as e:
         load("\n".join(lines))
@@ -67,6 +67,8 @@ def test_own_keys_win_over_merged_ones():
     ("a: &a [[[[[[[[[[1]]]]]]]]]]\nb: " + "[" * 95 + "*a" + "]" * 95, "nests more than 100 levels"),
     ("a: .nan", "JSON has no NaN"),
     ("a: -.inf", "JSON has no NaN"),
+    ("a: 1.0e+999", "out of the range of a 64-bit float"),
+    ("a: " + "9" * 400, "out of the range of a 64-bit float"),
     ("? [1]\n: 2", "a mapping key must be a string"),
     ("a: 1\na: 2", 'mapping key "a" already defined'),
     ("a: !!binary aGk=", "no JSON form"),
@@ -119,6 +121,9 @@ def test_json_shape_ignores_strings():
     (b"[" * 100_000 + b"]" * 100_000, 400, "nests 100000 levels deep"),
     (b'{"a": NaN}', 400, "NaN is not a JSON value"),
     (b'{"a": -Infinity}', 400, "-Infinity is not a JSON value"),
+    (b'{"a": 1e999}', 400, "the number 1e999 is out of the range of a 64-bit float"),
+    (b'{"a": [1, -1E400]}', 400, "the number -1E400 is out of the range of a 64-bit float"),
+    (b'{"a": ' + b"9" * 400 + b"}", 400, "(400 characters) is out of the range of a 64-bit float"),
     (b'{"a": ' + b"1" * 5000 + b"}", 400, "not valid JSON"),
     (b"[" + b",".join([b"1"] * (MAX_VALUES + 1)) + b"]", 413, "values"),
 ])
@@ -129,6 +134,18 @@ def test_json_past_a_bound_is_refused_before_parsing(raw, code, why):
     assert e.value.code == code and why in e.value.message, e.value.message
     assert "use sys." not in e.value.message
     assert time.monotonic() - start < 2
+
+
+def test_numbers_in_a_floats_range_are_read_as_they_are():
+    raw = b'{"a": 1.7976931348623157e308, "b": -5e-324, "c": ' + b"9" * 300 + b', "d": "1e999"}'
+    assert bodies.decode(raw, "application/json", "x") == json.loads(raw)
+
+
+def test_json_sent_as_yaml_with_an_out_of_range_number_is_refused_not_read_as_a_string():
+    # YAML would read 1e999 as the string "1e999": a JSON body means the number.
+    with pytest.raises(errors.APIError) as e:
+        bodies.decode(b'{"spec": {"activeDeadlineSeconds": 1e999}}', "application/apply-patch+yaml", "x")
+    assert e.value.code == 400 and "1e999 is out of the range" in e.value.message
 
 
 def test_json_sent_as_yaml_takes_the_json_path_with_the_same_bounds():
@@ -208,3 +225,12 @@ def test_shortfalls_say_what_does_not_fit():
     assert (short.resource, short.requested, short.used, short.capacity) == ("memory", 1 << 50, 0, 512 << 20)
     assert [s.resource for s in shortfalls({"spec": {}}, alloc, {}, 2)] == ["pods"]
     assert shortfalls({"spec": {}}, alloc, {}, 1) == []
+
+
+def test_the_store_encoder_refuses_what_json_cannot_hold():
+    """The net under every decoder: a NaN or an infinity that reached an object by any
+    other way is a 400, never stored as Python's non-JSON ``Infinity``."""
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(errors.APIError) as e:
+            encode({"metadata": {"name": "x"}, "spec": {"activeDeadlineSeconds": bad}})
+        assert e.value.code == 400 and "JSON cannot hold" in e.value.message

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kube32.apiserver.auth import ADMIN, APISERVER, load_or_create_tokens
-from kube32.apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataAPI, CheckpointDataSpace, Pace
+from kube32.apiserver.auth import ADMIN, load_or_create_tokens
+from kube32.apiserver.checkpointdata import SIM_CAPACITY, CheckpointDataSpace, Pace
 from kube32.apiserver.resources import by_plural
 from kube32.apiserver.server import APIServer
 from kube32.snapshot import GlobalState, PodState, SnapshotWriter, VALTYPE_I32
@@ -45,7 +45,7 @@ class Server:
     """An API server on a free loopback port, with the Checkpoint data subresource
     (``async with Server(tmp_path) as s``)."""
 
-    def __init__(self, data_dir: Path, capacity: int = SIM_CAPACITY, pace: Pace = Pace()) -> None:
+    def __init__(self, data_dir: Path, capacity: int = SIM_CAPACITY, pace: Pace | None = None) -> None:
         self.data_dir = data_dir
         self.capacity, self.pace = capacity, pace
 
@@ -59,10 +59,10 @@ class Server:
     async def start(self, data_dir: Path) -> None:
         self.store = await SQLiteStore.open(data_dir / "state.db")
         auth = load_or_create_tokens(data_dir)
-        self.api = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER))
-        await self.api.ensure_defaults()
         self.space = CheckpointDataSpace(self.capacity)
-        CheckpointDataAPI(self.api, self.space, self.pace)
+        self.api = APIServer(self.store, auth, data_space=self.space,
+                             data_pace=self.pace)
+        await self.api.ensure_defaults()
         self.runner = web.AppRunner(self.api.app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from kube32.apiserver.eviction import budget_status, pdb_selects
+from kube32.budgets import budget_status, pdb_selects
 from kube32.intstr import scaled_value
-from kube32.controllers.nodelifecycle import (NOT_READY, UNREACHABLE, eviction_deadline, parse_time, rfc3339,
-                                              toleration_seconds, with_lifecycle_taints)
+from kube32.controllers.nodelifecycle import (eviction_deadline, parse_time, rfc3339, toleration_seconds,
+                                              with_lifecycle_taints)
 from kube32.controllers.podgc import grace_over
+from kube32.terms import Taint
+
+NOT_READY, UNREACHABLE = Taint.NOT_READY, Taint.UNREACHABLE
 
 
 def pod(name: str, *, ready: bool = True, labels: dict | None = None, owner: str | None = None,
@@ -68,6 +71,19 @@ def test_lifecycle_taints_follow_ready() -> None:
     not_ready = with_lifecycle_taints(lost, "False", 2.0)
     assert {t["key"] for t in not_ready} == {"dedicated", NOT_READY}
     assert with_lifecycle_taints(not_ready, "True", 3.0) == [other]
+
+
+def test_memory_pressure_taints_a_ready_node_no_schedule_as_taint_nodes_by_condition() -> None:
+    """A node whose free heap (its pods and their modules counted) is below the pressure
+    line gets node.kubernetes.io/memory-pressure NoSchedule: the scheduler places no more
+    pods there (attack round 21b: a pwasm node said it had room it did not have)."""
+    other = {"key": "dedicated", "value": "x", "effect": "NoSchedule"}
+    pressed = with_lifecycle_taints([other], "True", 0.0, "True")
+    assert pressed == [other, {"key": Taint.MEMORY_PRESSURE, "effect": "NoSchedule"}]
+    assert with_lifecycle_taints(pressed, "True", 1.0, "True") is None
+    assert with_lifecycle_taints(pressed, "True", 2.0, "False") == [other]
+    lost = with_lifecycle_taints(pressed, "Unknown", 3.0, "True")       # the lifecycle taints instead
+    assert lost is not None and {t["key"] for t in lost} == {"dedicated", UNREACHABLE}
 
 
 def test_toleration_periods() -> None:

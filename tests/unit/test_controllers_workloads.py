@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kube32.client import DAEMONSETS, DEPLOYMENTS, EVENTS, NODES, PODS, REPLICASETS, ApiError, Kind
+from kube32 import objects
 from kube32.controllers import podutil as pu
 from kube32.controllers.base import ControllerContext, ControllerOptions, SharedInformers
 from kube32.controllers.daemonset import DaemonSetController, node_eligibility, pin_to_node, target_node
@@ -68,7 +69,7 @@ class FakeApi:
         if key in self.objects:
             raise ApiError(409, "AlreadyExists", f"{md['name']} exists")
         md["uid"] = str(uuid.uuid4())
-        md.setdefault("creationTimestamp", pu.rfc3339())
+        md.setdefault("creationTimestamp", objects.rfc3339())
         md["generation"] = 1
         obj.setdefault("kind", kind.kind)
         self.objects[key] = obj
@@ -134,7 +135,7 @@ class FakeApi:
         obj = copy.deepcopy(obj)
         md = obj["metadata"]
         md.setdefault("uid", str(uuid.uuid4()))
-        md.setdefault("creationTimestamp", pu.rfc3339())
+        md.setdefault("creationTimestamp", objects.rfc3339())
         md.setdefault("generation", 1)
         if kind.namespaced:
             md.setdefault("namespace", "default")
@@ -274,13 +275,13 @@ def test_replicaset_adopts_orphans_and_ignores_terminating_pods() -> None:
         orphan = api.put(PODS, {"metadata": {"name": "stray", "labels": {"app": "web"}},
                                 "spec": copy.deepcopy(TEMPLATE["spec"])})
         api.put(PODS, {"metadata": {"name": "going", "labels": {"app": "web"},
-                                    "deletionTimestamp": pu.rfc3339()},
+                                    "deletionTimestamp": objects.rfc3339()},
                        "spec": copy.deepcopy(TEMPLATE["spec"])})
         rs = api.put(REPLICASETS, replica_set(2))
         await rsc.sync("default/web-abc")
         adopted = api.objects[("pods", "default/stray")]
         assert pu.is_controlled_by(adopted, rs) and orphan["metadata"]["uid"] == adopted["metadata"]["uid"]
-        assert not pu.controller_ref(api.objects[("pods", "default/going")])
+        assert not objects.controller_ref(api.objects[("pods", "default/going")])
         assert api.creates() == 1  # stray counts, the terminating pod does not
     run(go())
 
@@ -347,7 +348,7 @@ def test_deployment_rolls_within_surge_and_unavailability() -> None:
         await dc.sync("default/web")
         api.deliver()
         assert sets[new_name]["spec"]["replicas"] == 1
-        for step in range(10):
+        for _ in range(10):
             total = sum(o["spec"]["replicas"] for (p, _), o in api.objects.items() if p == "replicasets")
             assert total <= 5
             for name in sets:
@@ -531,7 +532,7 @@ def svc_pod(name: str, is_ready: bool, terminating: bool = False) -> Obj:
            "status": {"phase": "Running", "podIP": "127.0.0.1",
                       "conditions": [{"type": "Ready", "status": "True" if is_ready else "False"}]}}
     if terminating:
-        pod["metadata"]["deletionTimestamp"] = pu.rfc3339()
+        pod["metadata"]["deletionTimestamp"] = objects.rfc3339()
     return pod
 
 

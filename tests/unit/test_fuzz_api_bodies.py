@@ -24,9 +24,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kube32.apiserver import podreplacement
-from kube32.apiserver.auth import ADMIN, APISERVER, load_or_create_tokens
-from kube32.apiserver.checkpointdata import CheckpointDataAPI, CheckpointDataSpace
+from kube32.apiserver.auth import ADMIN, load_or_create_tokens
+from kube32.apiserver.checkpointdata import CheckpointDataSpace
 from kube32.apiserver.server import APIServer
 from kube32.store import SQLiteStore
 
@@ -99,10 +98,8 @@ class Server:
     async def _start(self) -> None:
         self.store = await SQLiteStore.open(self.data_dir / "state.db")
         auth = load_or_create_tokens(self.data_dir)
-        server = APIServer(self.store, auth, kubelet_token=auth.token_for(APISERVER))
+        server = APIServer(self.store, auth, data_space=CheckpointDataSpace())
         await server.ensure_defaults()
-        CheckpointDataAPI(server, CheckpointDataSpace())
-        podreplacement.install(server)
         self.runner = web.AppRunner(server.app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)

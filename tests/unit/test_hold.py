@@ -12,6 +12,7 @@ import pytest
 
 from kube32 import holding
 from kube32.apiserver import errors, hold
+from kube32.apiserver.proxy import Unreached
 from kube32.apiserver.registry import Registry
 from kube32.apiserver.resources import by_plural
 from kube32.apiserver.selectors import parse_label_selector
@@ -74,9 +75,11 @@ class Pod:
         self.gate = asyncio.Event()
         self.gate.set()
         self.sent: list[str] = []
+        self.orders: list[str] = []   # the ORDER header of each request the pod was sent
 
-    def send(self, name: str) -> Callable[[dict], Awaitable[Any]]:
-        async def send(pod: dict) -> Upstream:
+    def send(self, name: str) -> Callable[..., Awaitable[Any]]:
+        async def send(pod: dict, headers: dict[str, str] | None = None) -> Upstream:
+            self.orders.append((headers or {}).get(holding.ORDER, ""))
             if self.frozen:
                 return Upstream(503, dict(FROZEN), b"frozen\n")
             self.sent.append(name)
@@ -150,7 +153,9 @@ def test_a_pod_takes_at_most_the_window_at_once(tmp_path: Path, monkeypatch: pyt
         pod.frozen = False
         pod.gate.clear()
         await set_ready(reg, "p1", True)
-        for _ in range(100):
+        # r0 probes the pod that refused: the others wait until it answers or has been in
+        # flight PROBE_WAIT s (the pod took it); then up to the window
+        for _ in range(300):
             if len(pod.sent) == 3:
                 break
             await asyncio.sleep(0.01)
@@ -162,8 +167,51 @@ def test_a_pod_takes_at_most_the_window_at_once(tmp_path: Path, monkeypatch: pyt
     with_holds(tmp_path, body)
 
 
+def test_a_request_a_probed_pod_sends_back_is_not_overtaken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24's order: p1 refuses (slowly); while the first held request probes it, a
+    replacement p2 turns Ready and a new request comes.  p2 gets them all in arrival
+    order: neither the new one nor those behind the probe go ahead of it."""
+    monkeypatch.setattr(hold, "RETRY_REFUSED", 0.2)
+
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        to_p2: list[str] = []
+        probes: list[str] = []
+
+        def send(name: str) -> Callable[..., Awaitable[Any]]:
+            async def go(pod: dict, headers: dict[str, str] | None = None) -> Upstream:
+                if pod["metadata"]["name"] == "p1":
+                    probes.append(name)
+                    await asyncio.sleep(0.3)   # a refusal that takes a while to come back
+                    return Upstream(503, dict(FROZEN), b"frozen\n")
+                to_p2.append(name)
+                return Upstream(200, {}, name.encode())
+            return go
+        tasks = []
+        for i in range(5):
+            tasks.append(asyncio.ensure_future(holds.serve(target, 10, 0, send(f"r{i}"), relay, no_pod)))
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.35)              # all refused once; held
+        n = len(probes)
+        for _ in range(100):                   # the retry: one probe, not the window
+            if len(probes) > n:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert probes[n:] == ["r0"], probes
+        await reg.create(PODS, "default", {"apiVersion": "v1", "kind": "Pod",
+                                           "metadata": {"name": "p2", "labels": {"app": "a"}},
+                                           "spec": {"nodeName": "n2", "containers": [{"name": "c", "image": "x"}]}})
+        await set_ready(reg, "p2", True)
+        tasks.append(asyncio.ensure_future(holds.serve(target, 10, 0, send("late"), relay, no_pod)))
+        answers = await asyncio.gather(*tasks)
+        assert to_p2 == ["r0", "r1", "r2", "r3", "r4", "late"]
+        assert [a.body for a in answers] == [b"r0", b"r1", b"r2", b"r3", b"r4", b"late"]
+    with_holds(tmp_path, body)
+
+
 def test_the_bytes_of_held_bodies_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hold, "MAX_TOTAL_BYTES", 1000)
+    """A namespace holds at most its share (1/SHARES) of the server's bytes."""
+    monkeypatch.setattr(hold, "MAX_TOTAL_BYTES", 1000 * hold.SHARES)
 
     async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
         pod = Pod()
@@ -221,13 +269,110 @@ def test_a_target_with_nothing_left_to_wait_for_answers_at_once(tmp_path: Path) 
     with_holds(tmp_path, body)
 
 
+def test_a_namespace_takes_at_most_its_share_of_held_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many targets one namespace holds for, it takes at most 1/SHARES of the room;
+    another namespace still finds room."""
+    monkeypatch.setattr(hold, "MAX_TOTAL_QUEUED", 2 * hold.SHARES)
+
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        pod = Pod()
+        tasks = [asyncio.ensure_future(holds.serve(target, 10, 0, pod.send(f"r{i}"), relay, no_pod))
+                 for i in range(3)]
+        await asyncio.sleep(0.1)
+        assert tasks[2].done() and tasks[2].result().status == 503 and not tasks[0].done()
+        share = hold.NamespaceShare(4)
+        assert await share.take("a", 1) and not await share.take("a", 1) and await share.take("b", 1)
+        for t in tasks[:2]:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert holds.count_room.used == 0
+    with_holds(tmp_path, body)
+
+
+def _service_target(svc: dict) -> hold.Target:
+    return hold.Target("Service", "default", "svc", None, None, svc)
+
+
+async def _make_service(reg: Registry, selector: dict) -> dict:
+    return await reg.create(by_plural("services"), "default", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc"},
+        "spec": {"selector": selector, "ports": [{"port": 80}]}})
+
+
+def test_a_service_hold_follows_its_selector_and_its_deletion(tmp_path: Path) -> None:
+    async def body(reg: Registry, holds: hold.Holds, _: hold.Target) -> None:
+        svc = await _make_service(reg, {"app": "a"})
+        target = _service_target(svc)
+        frozen, running = Pod(), Pod()
+        running.frozen = False
+
+        async def send(p: dict, headers: dict[str, str] | None = None) -> Any:   # p1 is frozen, p2 answers
+            return await (running if p["metadata"]["name"] == "p2" else frozen).send(p["metadata"]["name"])(p, headers)
+        first = asyncio.ensure_future(holds.serve(target, 10, 0, send, relay, no_pod))
+        await asyncio.sleep(0.1)
+        assert not first.done()
+        await reg.create(PODS, "default", {"apiVersion": "v1", "kind": "Pod",
+                                           "metadata": {"name": "p2", "labels": {"app": "b"}},
+                                           "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}})
+        await set_ready(reg, "p2", True)
+        second = asyncio.ensure_future(holds.serve(target, 10, 0, send, relay, no_pod))
+        await asyncio.sleep(0.1)
+        assert not first.done() and not second.done(), "p2 is not the Service's yet"
+        svc = await reg.get(by_plural("services"), "default", "svc")
+        svc["spec"]["selector"] = {"app": "b"}
+        await reg.update(by_plural("services"), "default", "svc", svc)
+        answers = await asyncio.wait_for(asyncio.gather(first, second), 3)
+        assert [getattr(a, "body", None) for a in answers] == [b"p2", b"p2"]
+
+        third = asyncio.ensure_future(holds.serve(target, 10, 0, frozen.send("c"), relay, no_pod))
+        await asyncio.sleep(0.1)
+        await reg.delete(by_plural("services"), "default", "svc")
+        with pytest.raises(errors.APIError) as e:
+            await asyncio.wait_for(third, 3)
+        assert e.value.code == 404
+    with_holds(tmp_path, body)
+
+
+def test_a_pod_whose_kubelet_is_gone_and_no_move_ends_the_hold(tmp_path: Path) -> None:
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        async def gone(pod: dict, headers: dict[str, str] | None = None) -> Any:
+            raise Unreached("error trying to reach the kubelet: connection refused")
+        task = asyncio.ensure_future(holds.serve(target, 10, 0, gone, relay, no_pod))
+        with pytest.raises(errors.APIError) as e:
+            await asyncio.wait_for(task, 3)
+        assert e.value.code == 503 and e.value.headers.get("Retry-After") == "1"
+    with_holds(tmp_path, body)
+
+
+def test_stopping_answers_every_held_request_503_with_retry_after(tmp_path: Path) -> None:
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        pod = Pod()
+        tasks = [asyncio.ensure_future(holds.serve(target, 10, 0, pod.send(f"r{i}"), relay, no_pod))
+                 for i in range(2)]
+        await asyncio.sleep(0.1)
+        holds.stop_holding()
+        for t in tasks:
+            with pytest.raises(errors.APIError) as e:
+                await asyncio.wait_for(t, 2)
+            assert e.value.code == 503 and e.value.headers.get("Retry-After") == "1"
+            assert "stopping" in e.value.message
+    with_holds(tmp_path, body)
+
+
 def test_the_bound_and_the_wait_preference_are_read_strictly() -> None:
     assert holding.hold_seconds(None) == holding.DEFAULT_HOLD_SECONDS == 10
     assert holding.hold_seconds({"kube32.io/hold-requests": "2500ms"}) == 2.5
     assert holding.hold_seconds({"kube32.io/hold-requests": "3"}) == 3
     assert holding.hold_seconds({"kube32.io/hold-requests": "0"}) == 0
     assert holding.hold_seconds({"kube32.io/hold-requests": "soon"}) == 10   # stored before it was checked
-    for bad, why in (("soon", "is not a duration"), ("61s", "more than the longest hold"), ("-1", "not a duration")):
+    assert holding.parse_hold("1.5s") == 1.5 and holding.parse_hold("1m") == 60 and holding.parse_hold(" 10 ") == 10
+    # huge values (issue 24's attack round: 400 nines were a 500 OverflowError): ValueError only
+    assert holding.hold_seconds({"kube32.io/hold-requests": "9" * 400 + "ms"}) == 10
+    for bad, why in (("soon", "is not a duration"), ("61s", "more than the longest hold"), ("-1", "not a duration"),
+                     ("9" * 400, "at most 32 characters"), ("9" * 400 + "ms", "at most 32 characters"),
+                     ("9" * 12 + "ms", "more than the longest hold"), ("9" * 13, "not a duration"),
+                     ("1e3", "not a duration"), ("inf", "not a duration"), ("nan", "not a duration"),
+                     ("-0", "not a duration"), ("0." + "0" * 10 + "1", "not a duration")):
         with pytest.raises(ValueError, match=why):
             holding.parse_hold(bad)
     assert holding.prefer_wait(["respond-async, wait=5"]) == 5
@@ -235,3 +380,56 @@ def test_the_bound_and_the_wait_preference_are_read_strictly() -> None:
     assert holding.prefer_wait(["wait=soon"]) is None
     assert holding.prefer_wait(["handling=strict", "Wait = 2"]) == 2
     assert holding.prefer_wait([]) is None
+
+
+def test_held_requests_are_numbered_per_pod_in_arrival_order(tmp_path: Path) -> None:
+    """The hold numbers what it sends each pod (holding.ORDER) in arrival order, a refused
+    request again when it is sent again; a request sent straight on carries no number."""
+    async def body(reg: Registry, holds: hold.Holds, target: hold.Target) -> None:
+        pod = Pod()
+        tasks = []
+        for i in range(4):
+            tasks.append(asyncio.ensure_future(holds.serve(target, 10, 0, pod.send(f"r{i}"), relay, no_pod)))
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        pod.frozen = False
+        await set_ready(reg, "p1", True)
+        await asyncio.gather(*tasks)
+        assert pod.sent == ["r0", "r1", "r2", "r3"]
+        numbered = [holding.parse_order(o) for o in pod.orders if o]
+        assert pod.orders[0] == "" and all(numbered)   # r0 was tried straight on first
+        streams = {o[0] for o in numbered if o}
+        assert len(streams) == 1
+        ns = [o[1] for o in numbered if o]
+        assert ns == list(range(len(ns))), ns   # 0, 1, 2, ... in the order they were sent
+        await holds.serve(target, 10, 0, pod.send("after"), relay, no_pod)
+        assert pod.orders[-1] == ""   # nothing held: straight on, no number, no wait
+    with_holds(tmp_path, body)
+
+
+def test_the_kubelet_lets_numbered_requests_in_by_number() -> None:
+    """kube32.kubelet.ordering: requests of one stream that come shuffled go in by number;
+    one lost on its way is waited for at most the bound; unnumbered ones never wait."""
+    from kube32.kubelet.ordering import OrderGate
+
+    async def go() -> None:
+        gate = OrderGate(wait=0.3)
+        into: list[int] = []
+
+        async def request(n: int | None, delay: float) -> None:
+            await asyncio.sleep(delay)
+            value = None if n is None else holding.order_value("ab12", n)
+            async with gate.turn("default", "p", value):
+                into.append(-1 if n is None else n)
+        arrivals = [(3, 0.0), (1, 0.01), (None, 0.02), (0, 0.05), (2, 0.06), (4, 0.07)]
+        await asyncio.gather(*(request(n, d) for n, d in arrivals))
+        assert into == [-1, 0, 1, 2, 3, 4]
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await request(6, 0)   # 5 never comes
+        assert 0.25 < loop.time() - start < 1.0 and into[-1] == 6
+        await request(5, 0)   # late: in at once
+        assert into[-1] == 5
+        assert holding.parse_order("ab12:" + "9" * 13) is None and holding.parse_order("x" * 100) is None
+        assert holding.parse_order("AB:1") is None and holding.parse_order(None) is None
+    asyncio.run(asyncio.wait_for(go(), 10))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kube32.apiserver.podreplacement import spec_changed
+from kube32.apiserver.podreplacement import carry_metadata, spec_changed
 from kube32.controllers.imagecheck import TargetImageError, drop, image_of, snapshot_mismatch
 
 POD = {"metadata": {"name": "p"},
@@ -20,6 +20,18 @@ def test_a_replacement_may_change_the_node_only() -> None:
     assert spec_changed(patched, elsewhere) == (
         "the pod's spec changed since the replacement was made from it (spec.containers): "
         "a replacement carries the pod's spec as it is")
+
+
+def test_a_replacement_takes_the_metadata_as_stored_and_only_restore_from_from_the_body() -> None:
+    stored = {"metadata": {"name": "p", "labels": {"during": "saving"}, "finalizers": ["f"],
+                           "annotations": {"example.com/note": "saving", "kube32.io/restore-from": "old"}}}
+    body = {"metadata": {"name": "p", "labels": {"a": "b"}, "annotations": {"kube32.io/restore-from": "mv"}}}
+    carry_metadata(stored, body)
+    assert body["metadata"] == {"name": "p", "labels": {"during": "saving"}, "finalizers": ["f"],
+                                "annotations": {"example.com/note": "saving", "kube32.io/restore-from": "mv"}}
+    afresh = {"metadata": {"name": "p", "annotations": {}}}
+    carry_metadata(stored, afresh)
+    assert afresh["metadata"]["annotations"] == {"example.com/note": "saving"}
 
 
 def test_the_snapshot_goes_only_to_its_own_module() -> None:

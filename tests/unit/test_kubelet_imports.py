@@ -1,6 +1,6 @@
 """The kubelet's parts stand on their own (issue 22): no module of kube32/kubelet imports
-another in a circle - directly or in a loop, counting imports inside functions and under
-``TYPE_CHECKING`` - and none touches another object's private members."""
+another in a circle - directly or in a loop, counting imports inside functions, under
+``TYPE_CHECKING`` and by name at run time (``importlib``, ``"module:attr"`` strings) - and none touches another object's private members."""
 from __future__ import annotations
 
 import ast
@@ -36,7 +36,26 @@ def _imported(module: str, is_package: bool, tree: ast.AST, modules: set[str] | 
             for alias in node.names:
                 sub = f"{source}.{alias.name}"
                 out.add(sub if modules is not None and sub in modules else source)
+        else:
+            named = _named_import(node, modules)
+            if named:
+                out.add(named)
     return out
+
+
+def _named_import(node: ast.AST, modules: set[str] | None) -> str | None:
+    """A module imported by its name at run time: ``importlib.import_module("m")``, or a
+    ``"m:attr"`` entry point string (a registry's, as kube32.wasm.engines' ENGINES) whose
+    ``m`` is one of ``modules``."""
+    if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and ast.unparse(node.func) in ("importlib.import_module", "import_module", "__import__")):
+        return node.args[0].value
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and modules is not None:
+        module, colon, attr = node.value.partition(":")
+        if colon and attr.isidentifier() and module in modules:
+            return module
+    return None
 
 
 def import_graph(directory: Path = DIRECTORY, package: str = PACKAGE) -> dict[str, set[str]]:
@@ -112,6 +131,14 @@ def test_the_graph_sees_imports_in_functions_and_under_type_checking(tmp_path: P
                      "def f():\n    from . import migration\n    from ..client import PODS\n")
     assert _imported("kube32.kubelet.pods", False, tree, {"kube32.kubelet.migration"}) == {
         "typing", "kube32.kubelet.kubelet", "kube32.kubelet.migration", "kube32.client"}
+
+
+def test_the_graph_sees_modules_imported_by_name_at_run_time() -> None:
+    tree = ast.parse('import importlib\nENGINES = {"a": "kube32.wasm.engine_x:X", "b": "not a module:Y"}\n'
+                     'def load():\n    return importlib.import_module("kube32.wasm.other")\n'
+                     'log = "kube32.wasm.engine_x"  # a logger\'s name is no import\n')
+    assert _imported("kube32.wasm.engines", False, tree, {"kube32.wasm.engine_x", "kube32.wasm.other"}) == {
+        "importlib", "kube32.wasm.engine_x", "kube32.wasm.other"}
 
 
 def test_no_module_of_the_kubelet_imports_another_in_a_circle() -> None:

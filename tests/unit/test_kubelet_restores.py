@@ -15,8 +15,9 @@ import pytest
 from kube32.kubelet.nodeapi import KubeletOptions
 from kube32.kubelet.podhost import PodHost, host_of
 from kube32.kubelet.pods import PodWorker
-from kube32.kubelet.restore import CRASH_RESTORES_MESSAGE, DataRequest, Prepared, RestorePlan, read_into
-from kube32.movability import RESTORE_FROM
+from kube32.kubelet.restore import DataRequest, Prepared, RestorePlan, read_into
+from kube32.testing import CRASH_RESTORES_MESSAGE
+from kube32.terms import Annotation
 from kube32.wasm import ChannelRegistry, HttpRequest, Module, Pod, PodConfig, Runtime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,7 +179,7 @@ async def prepared_restore(node: FakeNode, image: str = IMAGE, config: PodConfig
 
 
 def pod_object(restore_from: str | None = CHECKPOINT, policy: str = "Always") -> dict:
-    annotations = {RESTORE_FROM: restore_from} if restore_from else {}
+    annotations = {Annotation.RESTORE_FROM: restore_from} if restore_from else {}
     return {"metadata": {"uid": "uid-1", "namespace": "default", "name": "counter", "annotations": annotations},
             "spec": {"restartPolicy": policy, "containers": [{"name": "main", "image": IMAGE}]}}
 
@@ -292,6 +293,29 @@ async def test_a_checkpoint_without_data_fails_the_pod_for_good() -> None:
         assert ("Warning", "RestoreError", ended["message"]) in node.events.recorded
         await asyncio.sleep(0.2)          # longer than the back-off: never tried again
         assert worker.restart_count == 0 and len(source.plans) == 1 and worker.instance is None
+    finally:
+        await worker.stop()
+
+
+@pytest.mark.parametrize("restore_from", ["../../../../../../api/v1/namespaces/default/secrets/topsecret#",
+                                          "%2e%2e", "a/b", "..;x"])
+@run
+async def test_a_restore_from_that_is_no_checkpoint_name_sends_no_request(restore_from: str) -> None:
+    """Issue 19: the data path was a string with the annotation in it, and the client
+    resolved its dot segments (the node's credentials read a Secret).  Now the name is
+    one segment of the pod's namespace's checkpoints or no request at all."""
+    node = FakeNode()
+    node.client.data = snapshot_of_a_counter(node)
+    node.calls.clear()
+    source = Preparations(node)
+    worker = PodWorker(node, source, pod_object(restore_from=restore_from))
+    try:
+        await until(lambda: worker.phase == "Failed", "the pod Failed")
+        ended = worker.state["terminated"]
+        assert ended["reason"] == "RestoreError" and ended["message"].startswith(
+            f"cannot restore the snapshot: kube32.io/restore-from {restore_from!r} does not name a Checkpoint of "
+            "namespace default: "), ended
+        assert not [c for c in node.calls if c.startswith("GET")], node.calls
     finally:
         await worker.stop()
 

@@ -15,6 +15,7 @@ from kube32.apiserver.patch import (
     is_strategic_kind,
     json_merge_patch,
     json_patch,
+    record_update,
     server_side_apply,
     strategic_merge_patch,
 )
@@ -544,8 +545,8 @@ def test_ssa_conflict_with_another_apply_manager() -> None:
     mine = deployment(3, {"name": "c", "image": "x"})
     with pytest.raises(ApplyConflict) as caught:
         server_side_apply(live, mine, "kubectl", False, "Deployment", now=NOW)
-    assert caught.value.conflicts == [(".spec.replicas", "helm")]
-    assert 'conflict with "helm": .spec.replicas' in str(caught.value)
+    assert caught.value.conflicts == [(".spec.replicas", "helm", '"helm" using apps/v1')]
+    assert 'conflict with "helm" using apps/v1: .spec.replicas' in str(caught.value)
     assert isinstance(caught.value, PatchError)
 
 
@@ -554,8 +555,8 @@ def test_ssa_conflicts_are_reported_together_with_paths_into_lists() -> None:
     mine = _pod(image="other", labels={"app": "api"})
     with pytest.raises(ApplyConflict) as caught:
         server_side_apply(live, mine, "kubectl", False, "Pod", now=NOW)
-    assert caught.value.conflicts == [('.metadata.labels.app', "helm"),
-                                      ('.spec.containers[name="c"].image', "helm")]
+    assert [(f, m) for f, m, _ in caught.value.conflicts] == [('.metadata.labels.app', "helm"),
+                                                              ('.spec.containers[name="c"].image', "helm")]
 
 
 def test_ssa_same_value_is_shared_not_a_conflict() -> None:
@@ -590,16 +591,26 @@ def test_ssa_force_drops_an_entry_left_with_nothing() -> None:
     assert list(_entries(forced)) == [("kubectl", "Apply")]
 
 
-def test_ssa_update_managers_do_not_conflict_and_are_kept() -> None:
+def test_ssa_conflicts_with_an_update_manager_and_force_takes_its_fields() -> None:
+    """As Kubernetes: fields a plain write set (here a client-side apply) conflict with
+    an apply that changes them; ``force`` moves them to the applier."""
     live = _pod()
     live["metadata"]["managedFields"] = [{
         "manager": "kubectl-client-side-apply", "operation": "Update", "apiVersion": "v1",
         "time": NOW, "fieldsType": "FieldsV1",
         "fieldsV1": {"f:spec": {"f:containers": {'k:{"name":"c"}': {".": {}, "f:image": {}, "f:name": {}}}}}}]
-    result = server_side_apply(live, _pod(image="nginx:2"), "kubectl", False, "Pod", now=NOW)
+    with pytest.raises(ApplyConflict) as caught:
+        server_side_apply(live, _pod(image="nginx:2"), "kubectl", False, "Pod", now=NOW)
+    assert caught.value.conflicts == [('.spec.containers[name="c"].image', "kubectl-client-side-apply",
+                                       '"kubectl-client-side-apply" using v1')]
+    result = server_side_apply(live, _pod(image="nginx:2"), "kubectl", True, "Pod", now=NOW)
     assert result["spec"]["containers"][0]["image"] == "nginx:2"
-    assert [e["manager"] for e in result["metadata"]["managedFields"]] == [
-        "kubectl-client-side-apply", "kubectl"]
+    by = {e["manager"]: e["fieldsV1"] for e in result["metadata"]["managedFields"]}
+    assert "f:image" not in by["kubectl-client-side-apply"]["f:spec"]["f:containers"]['k:{"name":"c"}']
+    assert "f:image" in by["kubectl"]["f:spec"]["f:containers"]['k:{"name":"c"}']
+    # The same value is no conflict: the field is shared.
+    shared = server_side_apply(live, _pod(), "kubectl", False, "Pod", now=NOW)
+    assert [e["manager"] for e in shared["metadata"]["managedFields"]] == ["kubectl-client-side-apply", "kubectl"]
 
 
 def test_ssa_last_applied_follow_up_keeps_the_main_appliers_fields() -> None:
@@ -670,3 +681,77 @@ def test_ssa_does_not_mutate_inputs() -> None:
     result = server_side_apply(live, applied, "kubectl", False, "Pod", now=NOW)
     result["spec"]["containers"][0]["image"] = "mutated"
     assert live == live0 and applied == applied0
+
+
+# ----------------------------------------------------------------- plain writes (Update)
+
+def _deploy(replicas: int = 1, image: str = "a", labels: dict | None = None) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "default", "labels": labels or {"app": "web"}},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}},
+                                  "spec": {"containers": [{"name": "c", "image": image}]}}}}
+
+
+def _written(obj: dict, manager: str, operation: str = "Update") -> set[str]:
+    """The owned leaves of one entry as dotted paths, for short assertions."""
+    from kube32.apiserver.patch import _path_string, _tree_to_fields  # noqa: PLC0415 - test-only view
+    entry = next(e for e in obj["metadata"]["managedFields"]
+                 if e["manager"] == manager and e["operation"] == operation)
+    return {_path_string(p) for p in _tree_to_fields(entry["fieldsV1"]) if p[-1] != "."}
+
+
+def test_a_create_records_every_field_the_creator_set() -> None:
+    obj = _deploy()
+    record_update(None, obj, "kubectl-create", "Deployment", now=NOW)
+    (entry,) = obj["metadata"]["managedFields"]
+    assert (entry["manager"], entry["operation"], entry["apiVersion"], entry["time"]) == (
+        "kubectl-create", "Update", "apps/v1", NOW)
+    assert _written(obj, "kubectl-create") == {
+        ".metadata.labels.app", ".spec.replicas", ".spec.selector.matchLabels.app",
+        ".spec.template.metadata.labels.app", '.spec.template.spec.containers[name="c"].name',
+        '.spec.template.spec.containers[name="c"].image'}
+
+
+def test_an_update_takes_what_it_changed_from_every_other_manager() -> None:
+    live = server_side_apply(None, _deploy(3), "kubectl", False, "Deployment", now=NOW)
+    scaled = copy.deepcopy(live)
+    scaled["spec"]["replicas"] = 2
+    record_update(live, scaled, "kubectl", "Deployment", subresource="scale", now=NOW)
+    scale = next(e for e in scaled["metadata"]["managedFields"] if e.get("subresource") == "scale")
+    assert scale["fieldsV1"] == {"f:spec": {"f:replicas": {}}} and scale["operation"] == "Update"
+    assert ".spec.replicas" not in _written(scaled, "kubectl", "Apply")
+    with pytest.raises(ApplyConflict) as caught:
+        server_side_apply(scaled, _deploy(3), "kubectl", False, "Deployment", now=NOW)
+    assert str(caught.value) == ('Apply failed with 1 conflict: conflict with "kubectl" with subresource '
+                                 '"scale" using apps/v1: .spec.replicas')
+    forced = server_side_apply(scaled, _deploy(3), "kubectl", True, "Deployment", now=NOW)
+    assert forced["spec"]["replicas"] == 3
+    assert [e.get("subresource") for e in forced["metadata"]["managedFields"]] == [None]   # scale's entry owned nothing
+
+
+def test_an_update_keeps_what_it_owned_drops_what_is_gone_and_unchanged_fields_stay_shared() -> None:
+    old = _deploy(labels={"app": "web", "tier": "x"})
+    record_update(None, old, "creator", "Deployment", now=NOW)
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"] = {"app": "web", "team": "y"}      # tier removed, team added
+    record_update(old, new, "labeller", "Deployment", now=NOW)
+    assert _written(new, "labeller") == {".metadata.labels.team"}
+    assert ".metadata.labels.tier" not in _written(new, "creator")
+    assert ".metadata.labels.app" in _written(new, "creator")
+
+
+def test_a_writer_that_sends_managed_fields_sets_them_and_one_that_sends_none_keeps_them() -> None:
+    old = _deploy()
+    record_update(None, old, "creator", "Deployment", now=NOW)
+    reset = copy.deepcopy(old)
+    reset["metadata"]["managedFields"] = [{}]
+    record_update(old, reset, "resetter", "Deployment", now=NOW)
+    assert reset["metadata"]["managedFields"] == [{}]
+
+
+def test_lists_without_their_merge_key_are_owned_whole() -> None:
+    old = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"containers": [{"image": "a"}, {"image": "b"}]}}
+    record_update(None, old, "w", "Pod", now=NOW)
+    assert _written(old, "w") == {".spec.containers"}

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kube32 import leb128
 from kube32.apiserver import bodies, errors
 from kube32.apiserver.authz import decode_review_protobuf
 from kube32.apiserver.protobuf import (MAGIC, SCHEMA, ProtobufError, UnknownKind, decode_message,
@@ -190,17 +191,8 @@ GOLDEN: dict[str, tuple[str, str, dict]] = {
 
 
 # --- a tiny encoder for hand-built bodies ------------------------------------------------
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+def _varint(n: int) -> bytes:   # the product's writer, pinned to documented encodings in test_leb128.py
+    return leb128.encode(n & leb128.MASK64)
 
 
 def f(num: int, value: int | bool | str | bytes) -> bytes:
@@ -323,12 +315,26 @@ def test_malformed_bodies_are_refused_with_the_cause(raw: bytes, text: str) -> N
 
 
 def test_a_kind_without_schema_is_415_naming_it() -> None:
-    raw = envelope("batch/v1", "Job", f(1, f(1, "j")))
-    with pytest.raises(UnknownKind, match='"Job" in version "batch/v1"'):
+    raw = envelope("apps/v1", "StatefulSet", f(1, f(1, "s")))
+    with pytest.raises(UnknownKind, match='"StatefulSet" in version "apps/v1"'):
         decode_object(raw)
     with pytest.raises(errors.APIError) as e:
-        bodies.decode(raw, "application/vnd.kubernetes.protobuf", "cannot create jobs")
-    assert e.value.code == 415 and "Job" in str(e.value)
+        bodies.decode(raw, "application/vnd.kubernetes.protobuf", "cannot create statefulsets")
+    assert e.value.code == 415 and "StatefulSet" in str(e.value)
+
+
+def test_jobs_and_cronjobs_as_kubectl_create_sends_them() -> None:
+    template = f(2, f(2, f(1, "pi") + f(2, "wasm://x/clock.wasm")) + f(3, "Never"))
+    job = envelope("batch/v1", "Job", f(1, f(1, "pi")) + f(2, f(6, template) + f(7, 0)))
+    assert decode_object(job) == {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "pi"},
+                                  "spec": {"backoffLimit": 0, "template": {"spec": {
+                                      "restartPolicy": "Never",
+                                      "containers": [{"name": "pi", "image": "wasm://x/clock.wasm"}]}}}}
+    cron = envelope("batch/v1", "CronJob", f(1, f(1, "tick")) + f(2, f(1, "*/1 * * * *") + f(3, "Forbid")
+                                                                   + f(5, f(2, f(6, template)))))
+    spec = decode_object(cron)["spec"]
+    assert spec["schedule"] == "*/1 * * * *" and spec["concurrencyPolicy"] == "Forbid"
+    assert spec["jobTemplate"]["spec"]["template"]["spec"]["restartPolicy"] == "Never"
 
 
 @settings(max_examples=300, deadline=None)

@@ -5,8 +5,8 @@ from fractions import Fraction
 
 import pytest
 
-from kube32.controllers.scheduler import (fit_error, node_selector_term_matches, pick_node, pod_requests,
-                                          wants_scheduling)
+from kube32.controllers.scheduler import fit_error, pick_node, pod_requests, wants_scheduling
+from kube32.matching import node_selector_term_matches
 from kube32.quantity import parse_quantity
 
 

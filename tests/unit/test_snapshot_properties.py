@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kube32.snapshot import (
-    NULL_FUNC, VALTYPE_NAMES, ChannelState, GlobalState, HeldEvent, ModuleShape, PodState,
+    MAX_CHANNEL_HANDLE, NULL_FUNC, VALTYPE_NAMES, ChannelState, GlobalState, HeldEvent, ModuleShape, PodState,
     SnapshotError, SnapshotReader, SnapshotWriter, TableState,
 )
 
@@ -39,8 +39,9 @@ def snapshots(draw) -> tuple[PodState, bytes]:
         TableState(i, tuple(draw(st.lists(st.one_of(st.integers(0, 50), st.just(NULL_FUNC)), max_size=5))))
         for i in table_indices
     )
-    channels = tuple(
-        ChannelState(h, draw(st.text(max_size=8))) for h in draw(st.lists(u32s, unique=True, max_size=3))
+    channels = tuple(   # channels a pod can have: handles 1..2^31-1, names of 1-255 bytes
+        ChannelState(h, draw(st.text(min_size=1, max_size=8)))
+        for h in draw(st.lists(st.integers(1, MAX_CHANNEL_HANDLE), unique=True, max_size=3))
     )
     events = tuple(
         HeldEvent(draw(st.text(max_size=8)), draw(st.binary(max_size=20))) for _ in range(draw(st.integers(0, 3)))

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kube32 import urlpath
+from kube32.client import CHECKPOINTS
 
 PIECES = [".", "..", "%2e", "%2E", "%252e", "%25", "25", "2e", "%2f", "%2F", "%252f", "%5c", "\\", ";", "%3b",
           "x=1", "a", "b", "%20", ":", "@", "\uff0e", "%ef%bc%8e", "\u2025", "%00", "%"]
@@ -66,3 +67,32 @@ def test_refused(segment: str) -> None:
 def test_passed(segment: str) -> None:
     assert urlpath.refusal([segment]) is None
     assert unquote(urlpath.confined([segment])) == segment
+
+
+# --- the API clients' one path builder (issue 19: restore-from "../../.." read a Secret) -------
+@pytest.mark.parametrize("name", ["..", ".", "%2e%2e", "..;x", "a/b", "x\n", "%5c", "\u2025"])
+def test_an_api_path_names_each_object_by_one_segment(name: str) -> None:
+    with pytest.raises(urlpath.PathRefused, match="an API path names each object by one segment"):
+        urlpath.api_path("apis", "kube32.io", "v1", "namespaces", "other", "checkpoints", name, "data")
+    with pytest.raises(urlpath.PathRefused):
+        CHECKPOINTS.path("other", name, "data")
+
+
+def test_an_api_path_has_no_empty_segment() -> None:
+    with pytest.raises(urlpath.PathRefused, match="the path segment is empty"):
+        urlpath.api_path("api", "v1", "nodes", "", "proxy")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=5).map("".join))
+def test_an_api_path_reaches_the_server_as_the_names_it_was_built_of(name: str) -> None:
+    try:
+        path = CHECKPOINTS.path("other", name, "data")
+    except urlpath.PathRefused:
+        return
+    url = urlpath.encoded_url("http://127.0.0.1:1", path)
+    assert url.raw_path == path and [unquote(s) for s in path.split("/")[1:]] == [
+        "apis", "kube32.io", "v1", "namespaces", "other", "checkpoints", name, "data"]
+    for reading in _readings(path):
+        assert reading[:8] == ["", "apis", "kube32.io", "v1", "namespaces", "other", "checkpoints", reading[7]]
+        assert not {".", ".."} & set(reading), (name, path, reading)

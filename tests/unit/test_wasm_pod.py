@@ -197,6 +197,26 @@ def test_command_pod_runs_on_its_own_thread_and_exits(rt, pods):
     assert len(host.logs) == 3
 
 
+@pytest.mark.parametrize(("env", "wat", "want"), [
+    ({"EXIT_CODE": "42"}, None, (42, "Error", "main returned 42")),
+    ({"EXIT_CODE": "0"}, None, (0, "Completed", "main returned 0")),
+    ({"EXIT_CODE": "7", "JOB_COMPLETION_INDEX": "2", "EXIT_CODE_2": "3"}, None, (3, "Error", "main returned 3")),
+    ({}, '(func (export "main") (result i32) i32.const 256)', (0, "Completed", "main returned 256")),
+    ({}, '(func (export "main") (result i32) i32.const -1)', (255, "Error", "main returned -1")),
+    ({}, '(func (export "_start"))', (0, "Completed", "_start returned")),
+])
+def test_a_command_pods_entry_point_returns_its_exit_code(rt, pods, env, wat, want):
+    """The i32 an entry point returns is the exit code, its low 8 bits as a process's."""
+    module = rt.load(wasmtime.wat2wasm(f'(module (memory (export "memory") 1) {wat})')) if wat else None
+    pod = make(rt, pods, "exit", module=module, start=False, env=env)
+    exits = []
+    done = threading.Event()
+    pod.on_exit = lambda code, reason, msg: (exits.append((code, reason, msg)), done.set())
+    pod.start()
+    assert done.wait(5)
+    assert exits == [want] and pod.state == "exited"
+
+
 def test_command_pod_cannot_move_and_stops_on_request(rt, pods):
     pod = make(rt, pods, "clock", env={"PERIOD_MS": "5"})
     assert pod.blockers() == ["entry point _start runs on its own thread"]
@@ -308,6 +328,67 @@ def test_frozen_pod_refuses_requests_holds_events_and_stops_ticking(rt, pods):
     assert s["events"] == 8 and s["last_event"] == "t:7"
     assert s["time_ms"] >= frozen_time
     assert ticks_at_freeze > 0
+
+
+def test_the_events_a_pod_had_queued_before_its_freeze_are_all_kept_and_snapshotted(rt, pods):
+    """A freeze drops none of the events the pod had queued (12, behind a long call): the
+    snapshot carries them all, and a frozen pod takes more only while fewer than 8 wait."""
+    pod = make(rt, pods)
+    working = pod.handle(HttpRequest("POST", "/work", "ms=300", (), b""))
+    wait_for(working.running)                       # the call runs: events queue behind it
+    for i in range(12):
+        pod.deliver_event("t", f"q{i}".encode())
+    pod.freeze(5000)                                # once the call returned
+    assert working.result(timeout=5).status == 200
+    assert pod.dropped_events == 0
+    pod.deliver_event("t", b"while-frozen")         # 12 wait already: dropped and counted
+    assert pod.dropped_events == 1
+    snap = k32s.SnapshotReader().read_from(io.BytesIO(snapshot_bytes(pod)))
+    assert [e.payload for e in snap.state.events] == [f"q{i}".encode() for i in range(12)]
+    pod.thaw()
+    s = state(pod)
+    assert s["events"] == 12 and s["last_event"] == "t:q11", s
+
+
+def test_a_running_pods_event_queue_is_bounded_in_payload_bytes_too(rt, pods):
+    pod = make(rt, pods)
+    working = pod.handle(HttpRequest("POST", "/work", "ms=300", (), b""))
+    wait_for(working.running)
+    big = b"x" * ((64 << 10) - 1)
+    for _ in range(20):                            # 1280 KiB: the last 4 do not fit 1 MiB
+        pod.deliver_event("t", big)
+    assert pod.dropped_events == 4
+    working.result(timeout=5)
+
+
+def test_a_snapshot_of_a_full_event_queue_stays_readable() -> None:
+    """The queue a snapshot carries whole fits, framing and all, well inside the EVENTS
+    section a reader takes."""
+    from kube32.snapshot.reader import MAX_SMALL_SECTION
+    from kube32.wasm.pod import MAX_QUEUED_EVENT_BYTES, MAX_QUEUED_EVENTS
+    framing = 2 + 4   # u16 topic length, u32 payload length
+    assert MAX_QUEUED_EVENT_BYTES + MAX_QUEUED_EVENTS * framing < MAX_SMALL_SECTION // 4
+
+
+def test_a_snapshots_size_is_known_before_the_freeze(rt, pods):
+    """The kubelet's dry run says it, so the control plane finds room before the freeze."""
+    pod = make(rt, pods)
+    get(pod)
+    before = pod.snapshot_size()
+    pod.freeze(1000)
+    assert before == pod.snapshot().total_size == len(snapshot_bytes(pod))
+    for i in range(3):
+        pod.deliver_event("topic", b"x" * (100 + i))  # held while frozen: in the snapshot too
+    assert pod.snapshot_size() == pod.snapshot().total_size == len(snapshot_bytes(pod)) > before
+    pod.thaw()
+    # Globals and tables count as the snapshot writes them.
+    module = wat_pod(rt, '(module (memory 2) (global (mut i64) (i64.const 7)) (global (mut i32) (i32.const 1))'
+                         ' (table 5 funcref) (func (export "k32_handle")))')
+    pod = make(rt, pods, "shaped", module=module)
+    before = pod.snapshot_size()
+    pod.freeze(1000)
+    assert before == len(snapshot_bytes(pod))
+    pod.thaw()
 
 
 def test_ticks_stop_while_frozen(rt, pods):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kube32.wasm import ENGINES, ChannelRegistry, HttpRequest, Pod, PodConfig, Runtime
+from kube32.wasm import ENGINES, HttpRequest, Pod, PodConfig, Runtime
 from tests.unit.podhosts import Host
 
 ROOT = Path(__file__).resolve().parents[2]

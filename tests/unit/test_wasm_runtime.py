@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import wasmtime
 
+from kube32 import wasmformat
 from kube32.wasm import ENGINES, ImageError, Runtime, binary
 
 PODS = Path(__file__).resolve().parents[2] / "examples" / "pods"
@@ -86,8 +87,8 @@ def test_rewrite_touches_only_the_export_section():
     data = pod_bytes("counter")
     info = binary.parse(data)
     rewritten = binary.add_exports(data, binary.reserved_exports(info))
-    before = {sid: data[s:e] for sid, _h, s, e in binary._sections(data) if sid != binary.SEC_EXPORT}
-    after = {sid: rewritten[s:e] for sid, _h, s, e in binary._sections(rewritten) if sid != binary.SEC_EXPORT}
+    before = {sid: data[s:e] for sid, _h, s, e in wasmformat.sections(data) if sid != binary.SEC_EXPORT}
+    after = {sid: rewritten[s:e] for sid, _h, s, e in wasmformat.sections(rewritten) if sid != binary.SEC_EXPORT}
     assert before == after
     exports = binary.parse(rewritten).exports
     assert exports["__k32_g0"] == (binary.KIND_GLOBAL, 0)

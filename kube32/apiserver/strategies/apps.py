@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import objects
 from .. import meta
-from ..selectors import selector_from_match
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
+from .workload import selector_errors, selector_text
 from .pod import default_pod_spec, pod_spec_warnings, unknown_pod_spec_fields, validate_pod_spec
 
 
@@ -28,18 +29,7 @@ class _WorkloadStrategy(Strategy):
         spec = obj.get("spec")
         if not isinstance(spec, dict):
             return [("spec", "Required value")]
-        errs: list[tuple[str, str]] = []
-        sel = spec.get("selector")
-        if not isinstance(sel, dict) or not (sel.get("matchLabels") or sel.get("matchExpressions")):
-            errs.append(("spec.selector", "Required value"))
-        else:
-            labels = get_path(spec, "template", "metadata", "labels", default={}) or {}
-            try:
-                if not selector_from_match(sel).matches(labels):
-                    errs.append(("spec.template.metadata.labels",
-                                 f"Invalid value: {labels}: `selector` does not match template `labels`"))
-            except (KeyError, TypeError):
-                errs.append(("spec.selector", "Invalid value: malformed selector"))
+        errs = selector_errors(spec, "spec")
         if self.has_replicas:
             r = spec.get("replicas", 1)
             if not isinstance(r, int) or r < 0:
@@ -63,8 +53,7 @@ def _images(obj: dict[str, Any]) -> tuple[str, str]:
 
 
 def _selector_text(obj: dict[str, Any]) -> str:
-    ml = get_path(obj, "spec", "selector", "matchLabels", default={}) or {}
-    return ",".join(f"{k}={v}" for k, v in ml.items()) or "<none>"
+    return selector_text(get_path(obj, "spec", "selector"))
 
 
 class DeploymentStrategy(_WorkloadStrategy):
@@ -84,9 +73,9 @@ class DeploymentStrategy(_WorkloadStrategy):
         obj["spec"].setdefault("progressDeadlineSeconds", 600)
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
-        st = obj.get("status") or {}
+        st = objects.status(obj)
         names, images = _images(obj)
-        return [meta.name_of(obj), f"{st.get('readyReplicas', 0)}/{get_path(obj, 'spec', 'replicas', default=1)}",
+        return [objects.name(obj), f"{st.get('readyReplicas', 0)}/{get_path(obj, 'spec', 'replicas', default=1)}",
                 st.get("updatedReplicas", 0), st.get("availableReplicas", 0), meta.age(obj),
                 names, images, _selector_text(obj)]
 
@@ -98,9 +87,9 @@ class ReplicaSetStrategy(_WorkloadStrategy):
                Column("Images", priority=1), Column("Selector", priority=1)]
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
-        st = obj.get("status") or {}
+        st = objects.status(obj)
         names, images = _images(obj)
-        return [meta.name_of(obj), get_path(obj, "spec", "replicas", default=1), st.get("replicas", 0),
+        return [objects.name(obj), get_path(obj, "spec", "replicas", default=1), st.get("replicas", 0),
                 st.get("readyReplicas", 0), meta.age(obj), names, images, _selector_text(obj)]
 
 
@@ -118,10 +107,10 @@ class DaemonSetStrategy(_WorkloadStrategy):
                                                   "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}})
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
-        st = obj.get("status") or {}
+        st = objects.status(obj)
         ns = get_path(obj, "spec", "template", "spec", "nodeSelector", default={}) or {}
         names, images = _images(obj)
-        return [meta.name_of(obj), st.get("desiredNumberScheduled", 0), st.get("currentNumberScheduled", 0),
+        return [objects.name(obj), st.get("desiredNumberScheduled", 0), st.get("currentNumberScheduled", 0),
                 st.get("numberReady", 0), st.get("updatedNumberScheduled", 0), st.get("numberAvailable", 0),
                 ",".join(f"{k}={v}" for k, v in ns.items()) or "<none>", meta.age(obj), names, images,
                 _selector_text(obj)]
@@ -133,6 +122,39 @@ class PodDisruptionBudgetStrategy(Strategy):
                Column("Allowed Disruptions", type="integer"), AGE_COLUMN]
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
-        spec, st = obj.get("spec") or {}, obj.get("status") or {}
-        return [meta.name_of(obj), str(spec.get("minAvailable", "N/A")), str(spec.get("maxUnavailable", "N/A")),
+        spec, st = objects.spec(obj), objects.status(obj)
+        return [objects.name(obj), str(spec.get("minAvailable", "N/A")), str(spec.get("maxUnavailable", "N/A")),
                 st.get("disruptionsAllowed", 0), meta.age(obj)]
+
+
+class ControllerRevisionStrategy(Strategy):
+    """A ControllerRevision: one recorded state of a DaemonSet's template (``data``, the patch
+    that brings it back) and its ``revision`` number; ``data`` is immutable, as Kubernetes'."""
+    kind = "ControllerRevision"
+    has_status = False
+    top_fields = {"data", "revision"}
+    spec_fields = ("data",)
+    columns = [NAME_COLUMN, Column("Controller"), Column("Revision", type="integer"), AGE_COLUMN]
+
+    def validate(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
+        rev = obj.get("revision")
+        if isinstance(rev, bool) or not isinstance(rev, int) or rev < 0:
+            return [("revision", f"Invalid value: {rev}: must be greater than or equal to 0")]
+        if obj.get("data") is not None and not isinstance(obj.get("data"), dict):
+            return [("data", "Invalid value: must be an object")]
+        return []
+
+    def validate_update(self, new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, str]]:
+        errs = self.validate(new)
+        if new.get("data") != old.get("data"):
+            errs.append(("data", "Invalid value: field is immutable"))
+        return errs
+
+    def row(self, obj: dict[str, Any]) -> list[Any]:
+        ref = objects.controller_ref(obj)
+        owner = "<none>"
+        if ref is not None:
+            api = str(ref.get("apiVersion", ""))
+            group = f".{api.partition('/')[0]}" if "/" in api else ""
+            owner = f"{str(ref.get('kind', '')).lower()}{group}/{ref.get('name', '')}"
+        return [objects.name(obj), owner, obj.get("revision", 0), meta.age(obj)]

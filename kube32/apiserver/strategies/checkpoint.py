@@ -1,12 +1,22 @@
-"""kube32.io/v1 Checkpoints: spec validation, status only through /status, the spec's columns."""
+"""kube32.io/v1 Checkpoints: spec validation, status only through /status, the spec's columns.
+
+Every Checkpoint is created with the finalizer ``kube32.io/checkpoint-protection``
+(:data:`kube32.terms.Finalizer.CHECKPOINT_PROTECTION`), as Kubernetes' admission gives a
+PersistentVolumeClaim ``kubernetes.io/pvc-protection``: a delete only marks it, and the
+Checkpoint controller lets it go once no move of it is under way and no pod's
+``kube32.io/restore-from`` names it, so a pod restoring from it never finds it gone.  Its
+data goes with the object (kube32.apiserver.checkpointdata).
+"""
 from __future__ import annotations
 
 from typing import Any
 
-from .. import checkpointstatus, meta
+from ... import movability, objects
+from ...terms import CheckpointAction, CheckpointPhase, Finalizer
+from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
 
-PHASES = ("Pending", "Saving", "Saved", "Moving", "Completed", "Failed")
+PHASES = CheckpointPhase.ALL
 SPEC_FIELDS = {"podName", "containerName", "action", "target"}
 TARGET_FIELDS = {"nodeName", "nodeSelector"}
 
@@ -30,12 +40,21 @@ class CheckpointStrategy(Strategy):
     selectable_fields = {"metadata.name", "metadata.namespace", "spec.podName", "status.phase", "status.targetNode"}
 
     def default_status(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return {"phase": "Pending"}
+        return {"phase": CheckpointPhase.PENDING}
+
+    def prepare_for_create(self, obj: dict[str, Any]) -> None:
+        super().prepare_for_create(obj)
+        md = obj.setdefault("metadata", {})
+        finalizers = md.get("finalizers")
+        if isinstance(finalizers, list) and Finalizer.CHECKPOINT_PROTECTION not in finalizers:
+            md["finalizers"] = [*finalizers, Finalizer.CHECKPOINT_PROTECTION]
+        elif finalizers is None:
+            md["finalizers"] = [Finalizer.CHECKPOINT_PROTECTION]
 
     def default(self, obj: dict[str, Any]) -> None:
         spec = obj.get("spec")
         if isinstance(spec, dict):
-            spec.setdefault("action", "Save")
+            spec.setdefault("action", CheckpointAction.SAVE)
 
     def unknown_nested(self, obj: dict[str, Any]) -> list[str]:
         spec = obj.get("spec")
@@ -56,15 +75,15 @@ class CheckpointStrategy(Strategy):
             errs.append(("spec.podName", "Required value"))
         elif not isinstance(pod, str) or not meta.DNS1123_SUBDOMAIN.match(pod):
             errs.append(("spec.podName", f'Invalid value: "{pod}": {meta.SUBDOMAIN_MSG}'))
-        action = spec.get("action", "Save")
-        if action not in ("Save", "Move"):
+        action = spec.get("action", CheckpointAction.SAVE)
+        if action not in CheckpointAction.ALL:
             errs.append(("spec.action", f'Unsupported value: "{action}": supported values: "Save", "Move"'))
         target = spec.get("target")
         if target is not None:
             if not isinstance(target, dict):
                 errs.append(("spec.target", "Invalid value: must be an object"))
             else:
-                if action != "Move":
+                if action != CheckpointAction.MOVE:
                     errs.append(("spec.target", "Forbidden: a target applies only to action Move"))
                 if target.get("nodeName") and target.get("nodeSelector"):
                     errs.append(("spec.target", "Invalid value: give nodeName or nodeSelector, not both"))
@@ -86,10 +105,10 @@ class CheckpointStrategy(Strategy):
                 "status.targetNode": get_path(obj, "status", "targetNode", default="") or ""}
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
-        spec, st = obj.get("spec") or {}, obj.get("status") or {}
-        lost = checkpointstatus.gone(obj)  # its data is gone: SIZE says none, MESSAGE why
+        spec, st = objects.spec(obj), objects.status(obj)
+        lost = movability.data_gone(obj)  # its data is gone: SIZE says none, MESSAGE why
         size = "<none>" if lost is not None else size_text(st.get("sizeBytes"))
         message = "; ".join(m for m in (st.get("message"), (lost or {}).get("message")) if m)
-        return [meta.name_of(obj), spec.get("podName", ""), spec.get("action", "Save"),
-                st.get("phase", "Pending"), st.get("nodeName") or "", size,
+        return [objects.name(obj), spec.get("podName", ""), spec.get("action", CheckpointAction.SAVE),
+                st.get("phase", CheckpointPhase.PENDING), st.get("nodeName") or "", size,
                 meta.age(obj), st.get("targetNode") or "", st.get("newPodName") or "", message]

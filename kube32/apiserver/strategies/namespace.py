@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import objects
+from ...terms import Label, NamespacePhase
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy
 
@@ -18,17 +20,17 @@ class NamespaceStrategy(Strategy):
     selectable_fields = {"metadata.name", "status.phase"}
 
     def default_status(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return {"phase": "Active"}
+        return {"phase": NamespacePhase.ACTIVE}
 
     def default(self, obj: dict[str, Any]) -> None:
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
-        obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = meta.name_of(obj)
+        obj["metadata"].setdefault("labels", {})[Label.NAMESPACE_NAME] = objects.name(obj)
 
     def delete_refusal(self, obj: dict[str, Any]) -> str | None:
-        return "this namespace may not be deleted" if meta.name_of(obj) in IMMORTAL else None
+        return "this namespace may not be deleted" if objects.name(obj) in IMMORTAL else None
 
     def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
-        return {"status.phase": (obj.get("status") or {}).get("phase", "")}
+        return {"status.phase": objects.status(obj).get("phase", "")}
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
-        return [meta.name_of(obj), (obj.get("status") or {}).get("phase", "Active"), meta.age(obj)]
+        return [objects.name(obj), objects.status(obj).get("phase", NamespacePhase.ACTIVE), meta.age(obj)]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import objects
+from ...terms import Annotation, Condition, KubeletScheme, Label
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, condition, get_path
 
@@ -10,21 +12,21 @@ from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, condition, get
 def node_status_text(node: dict[str, Any]) -> str:
     # As kubectl's printNode: Ready when True, NotReady when False or Unknown, Unknown
     # only when the node never reported the condition.
-    ready = condition(node, "Ready")
+    ready = condition(node, Condition.READY)
     if ready is None:
         text = "Unknown"
     elif ready.get("status") == "True":
         text = "Ready"
     else:
         text = "NotReady"
-    if (node.get("spec") or {}).get("unschedulable"):
+    if objects.spec(node).get("unschedulable"):
         text += ",SchedulingDisabled"
     return text
 
 
 def node_roles(node: dict[str, Any]) -> str:
-    prefix = "node-role.kubernetes.io/"
-    roles = sorted(k[len(prefix):] for k in meta.labels_of(node) if k.startswith(prefix))
+    prefix = Label.NODE_ROLE_PREFIX
+    roles = sorted(k[len(prefix):] for k in objects.labels(node) if k.startswith(prefix))
     return ",".join(roles) or "<none>"
 
 
@@ -45,14 +47,26 @@ class NodeStrategy(Strategy):
                # Not one of kubectl's: a Kube32 node's CPU matters (its engine runs on it).
                Column("Architecture", priority=1, description="The CPU architecture reported by the node.")]
 
+    def validate(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
+        # The node's own word on how the API server reaches its kubelet (the API server
+        # checks it again, with the address and port, each time it dials:
+        # kube32.apiserver.proxy.kubelet_endpoint).
+        scheme = objects.annotations(obj).get(Annotation.KUBELET_SCHEME)
+        if scheme is not None and scheme not in KubeletScheme.ALL:
+            return [(f"metadata.annotations[{Annotation.KUBELET_SCHEME}]",
+                     f'Unsupported value: "{scheme}": supported values: "http", "https"')]
+        return []
+
     def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
-        return {"spec.unschedulable": str(bool((obj.get("spec") or {}).get("unschedulable"))).lower()}
+        return {"spec.unschedulable": str(bool(objects.spec(obj).get("unschedulable"))).lower()}
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
         addrs = get_path(obj, "status", "addresses", default=[]) or []
-        ip = lambda t: ",".join(a.get("address", "") for a in addrs if a.get("type") == t) or "<none>"
+
+        def ip(kind: str) -> str:
+            return ",".join(a.get("address", "") for a in addrs if a.get("type") == kind) or "<none>"
         info = get_path(obj, "status", "nodeInfo", default={}) or {}
-        return [meta.name_of(obj), node_status_text(obj), node_roles(obj), meta.age(obj),
+        return [objects.name(obj), node_status_text(obj), node_roles(obj), meta.age(obj),
                 info.get("kubeletVersion", ""), ip("InternalIP"), ip("ExternalIP"),
                 info.get("osImage", "<unknown>"), info.get("kernelVersion", "<unknown>"),
                 info.get("containerRuntimeVersion", "<unknown>"), info.get("architecture", "<unknown>")]

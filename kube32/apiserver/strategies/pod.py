@@ -4,8 +4,9 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from ... import movability
+from ... import movability, objects
 from ...quantity import QUANTITY_RULE, QuantityTooLarge, parse_quantity
+from ...terms import FASTEST, Annotation, Effect, PodPhase, Policy
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
 
@@ -52,6 +53,9 @@ def default_pod_spec(spec: dict[str, Any]) -> None:
             c.setdefault("terminationMessagePath", "/dev/termination-log")
             c.setdefault("terminationMessagePolicy", "File")
             c.setdefault("resources", {})
+            for port in c.get("ports") or []:
+                if isinstance(port, dict):
+                    port.setdefault("protocol", "TCP")
 
 
 ENV_NAME_MSG = "a valid environment variable name must consist only of printable ASCII characters other than '='"
@@ -130,10 +134,66 @@ def validate_pod_spec(spec: Any, prefix: str) -> list[tuple[str, str]]:
     if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int) or grace < 0):
         errs.append((f"{prefix}.terminationGracePeriodSeconds",
                      f"Invalid value: {grace}: must be greater than or equal to 0"))
+    node = spec.get("nodeName")
+    if node not in (None, "") and (why := meta.subdomain_problem(node)):
+        # A node's name goes into the paths of the kubelet's and controllers' requests.
+        errs.append((f"{prefix}.nodeName", why))
     policy = spec.get("restartPolicy", "Always")
     if policy not in ("Always", "OnFailure", "Never"):
         errs.append((f"{prefix}.restartPolicy", f'Unsupported value: "{policy}": supported values: '
                      '"Always", "OnFailure", "Never"'))
+    errs += toleration_errors(spec.get("tolerations"), f"{prefix}.tolerations")
+    return errs
+
+
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TAINT_EFFECTS = (Effect.NO_SCHEDULE, Effect.PREFER_NO_SCHEDULE, Effect.NO_EXECUTE)
+
+
+def _supported(value: Any, allowed: tuple[str, ...]) -> str:
+    return f'Unsupported value: "{value}": supported values: ' + ", ".join(f'"{a}"' for a in allowed)
+
+
+def toleration_errors(tolerations: Any, field: str) -> list[tuple[str, str]]:
+    """kube-apiserver's ValidateTolerations, in its words: what kube32.matching.tolerates
+    relies on (an empty key goes only with Exists) holds for every stored pod."""
+    if tolerations is None:
+        return []
+    if not isinstance(tolerations, list):
+        return [(field, "Invalid value: must be a list")]
+    errs: list[tuple[str, str]] = []
+    for i, t in enumerate(tolerations):
+        at = f"{field}[{i}]"
+        if not isinstance(t, dict):
+            errs.append((at, "Invalid value: must be an object"))
+            continue
+        errs += _toleration_errors(t, at)
+    return errs
+
+
+def _toleration_errors(t: dict[str, Any], at: str) -> list[tuple[str, str]]:
+    errs: list[tuple[str, str]] = []
+    key, op = t.get("key") or "", t.get("operator") or ""
+    value, effect = t.get("value") or "", t.get("effect") or ""
+    if key:
+        errs += meta.validate_qualified_key(key, f"{at}.key")
+    if not key and op != "Exists":
+        errs.append((f"{at}.operator", f'Invalid value: "{op}": operator must be Exists when `key` is empty, '
+                     'which means "match all values and all keys"'))
+    if t.get("tolerationSeconds") is not None and effect != Effect.NO_EXECUTE:
+        errs.append((f"{at}.effect", f'Invalid value: "{effect}": '
+                     "effect must be 'NoExecute' when `tolerationSeconds` is set"))
+    if op in ("", "Equal"):
+        if not isinstance(value, str) or len(value) > 63 or not meta.LABEL_VALUE.match(value):
+            errs.append((f"{at}.operator", f'Invalid value: "{value}": {meta.LABEL_VALUE_MSG}'))
+    elif op == "Exists":
+        if value:
+            errs.append((f"{at}.operator", f'Invalid value: "{value}": '
+                         "value must be empty when `operator` is 'Exists'"))
+    else:
+        errs.append((f"{at}.operator", _supported(op, TOLERATION_OPERATORS)))
+    if effect and effect not in TAINT_EFFECTS:
+        errs.append((f"{at}.effect", _supported(effect, TAINT_EFFECTS)))
     return errs
 
 
@@ -149,29 +209,34 @@ def pod_spec_warnings(spec: Any, prefix: str) -> list[str]:
 
 def validate_migration_annotations(pod: dict[str, Any]) -> list[tuple[str, str]]:
     """The migration annotations users write (spec: "Policies", "Periodic checkpoints")."""
-    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    ann = objects.annotations(pod)
     field = "metadata.annotations[{}]"
     errs = []
-    value = ann.get(movability.MIGRATION)
-    if value is not None and value not in movability.POLICIES:
-        errs.append((field.format(movability.MIGRATION),
+    value = ann.get(Annotation.MIGRATION)
+    if value is not None and value not in Policy.ALL:
+        errs.append((field.format(Annotation.MIGRATION),
                      f'Unsupported value: "{value}": supported values: "OnDrain", "Never", "Auto"'))
-    value = ann.get(movability.CHECKPOINT_INTERVAL)
+    value = ann.get(Annotation.CHECKPOINT_INTERVAL)
     if value is not None:
         try:
             movability.parse_interval(str(value))
         except ValueError as e:
-            errs.append((field.format(movability.CHECKPOINT_INTERVAL), f"Invalid value: {e}"))
-    value = ann.get(movability.PLACEMENT)
-    if value is not None and value != "fastest":
-        errs.append((field.format(movability.PLACEMENT), f'Unsupported value: "{value}": supported values: "fastest"'))
+            errs.append((field.format(Annotation.CHECKPOINT_INTERVAL), f"Invalid value: {e}"))
+    value = ann.get(Annotation.RESTORE_FROM)
+    if value is not None and (why := meta.subdomain_problem(value)):
+        # The kubelet fetches .../checkpoints/<this>/data with the node's credentials.
+        errs.append((field.format(Annotation.RESTORE_FROM),
+                     f"{why}: it must be the name of a Checkpoint in the pod's namespace"))
+    value = ann.get(Annotation.PLACEMENT)
+    if value is not None and value != FASTEST:
+        errs.append((field.format(Annotation.PLACEMENT), f'Unsupported value: "{value}": supported values: "fastest"'))
     return errs
 
 
 def pod_status_text(pod: dict[str, Any]) -> str:
     """The STATUS column, after kubectl's printPod."""
-    status = pod.get("status") or {}
-    reason = status.get("reason") or status.get("phase") or "Pending"
+    status = objects.status(pod)
+    reason = status.get("reason") or status.get("phase") or PodPhase.PENDING
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         if state.get("waiting", {}).get("reason"):
@@ -180,7 +245,7 @@ def pod_status_text(pod: dict[str, Any]) -> str:
             t = state["terminated"]
             reason = t.get("reason") or (f"Signal:{t['signal']}" if t.get("signal")
                                          else f"ExitCode:{t.get('exitCode', 0)}")
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+    if objects.meta(pod).get("deletionTimestamp"):
         reason = "Terminating"
     return reason
 
@@ -191,7 +256,8 @@ class PodStrategy(Strategy):
     columns = [NAME_COLUMN,
                Column("Ready", description="The aggregate readiness state of this pod for accepting traffic."),
                Column("Status", description="The aggregate status of the containers in this pod."),
-               Column("Restarts", type="string", description="The number of times the containers in this pod have been restarted."),
+               Column("Restarts", type="string",
+                      description="The number of times the containers in this pod have been restarted."),
                AGE_COLUMN,
                Column("IP", priority=1, description="The IP address assigned to the pod"),
                Column("Node", priority=1, description="The name of the node the pod is scheduled on"),
@@ -202,7 +268,7 @@ class PodStrategy(Strategy):
                          "status.podIP", "status.nominatedNodeName", "spec.hostNetwork"}
 
     def default_status(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return {"phase": "Pending", "qosClass": "BestEffort"}
+        return {"phase": PodPhase.PENDING, "qosClass": "BestEffort"}
 
     def default(self, obj: dict[str, Any]) -> None:
         spec = obj.get("spec")
@@ -222,12 +288,14 @@ class PodStrategy(Strategy):
         errs = self.validate(new)
         if errs:
             return errs
-        ns, os_ = dict(new.get("spec") or {}), dict(old.get("spec") or {})
+        ns, os_ = dict(objects.spec(new)), dict(objects.spec(old))
         for f in MUTABLE_SPEC:
             ns.pop(f, None)
             os_.pop(f, None)
         # Images may change (kubectl set image); compare the rest of the containers.
-        strip = lambda cs: [{k: v for k, v in c.items() if k != "image"} for c in cs or []]
+
+        def strip(containers: list | None) -> list:
+            return [{k: v for k, v in c.items() if k != "image"} for c in containers or []]
         ns["containers"], os_["containers"] = strip(ns.get("containers")), strip(os_.get("containers"))
         if ns != os_:
             return [("spec", "Forbidden: pod updates may not change fields other than "
@@ -238,7 +306,7 @@ class PodStrategy(Strategy):
         return []
 
     def extra_fields(self, obj: dict[str, Any]) -> dict[str, str]:
-        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        spec, status = objects.spec(obj), objects.status(obj)
         return {"spec.nodeName": spec.get("nodeName", ""),
                 "spec.restartPolicy": spec.get("restartPolicy", ""),
                 "spec.schedulerName": spec.get("schedulerName", ""),
@@ -253,8 +321,8 @@ class PodStrategy(Strategy):
         statuses = get_path(obj, "status", "containerStatuses", default=[]) or []
         ready = sum(1 for s in statuses if s.get("ready"))
         restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
-        status = obj.get("status") or {}
-        return [meta.name_of(obj), f"{ready}/{len(containers)}", pod_status_text(obj), str(restarts),
+        status = objects.status(obj)
+        return [objects.name(obj), f"{ready}/{len(containers)}", pod_status_text(obj), str(restarts),
                 meta.age(obj), status.get("podIP") or "<none>",
-                (obj.get("spec") or {}).get("nodeName") or "<none>",
+                objects.spec(obj).get("nodeName") or "<none>",
                 status.get("nominatedNodeName") or "<none>", "<none>"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import objects
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy
 
@@ -43,7 +44,7 @@ def _validate_rules(rules: Any) -> list[tuple[str, str]]:
 
 def _path_segment(obj: dict[str, Any]) -> list[tuple[str, str]]:
     """RBAC names are path segments (Kubernetes' ValidatePathSegmentName): "system:x" is fine."""
-    name = str((obj.get("metadata") or {}).get("name", ""))
+    name = str(objects.meta(obj).get("name", ""))
     if name in (".", "..") or "/" in name or "%" in name:
         return [("metadata.name", f'Invalid value: "{name}": may not be \'.\' or \'..\' '
                                   "and may not contain '/' or '%'")]
@@ -121,7 +122,7 @@ class _BindingStrategy(Strategy):
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
         ref = obj.get("roleRef") or {}
-        return [meta.name_of(obj), f"{ref.get('kind', '')}/{ref.get('name', '')}", meta.age(obj)]
+        return [objects.name(obj), f"{ref.get('kind', '')}/{ref.get('name', '')}", meta.age(obj)]
 
 
 class RoleBindingStrategy(_BindingStrategy):
@@ -141,7 +142,7 @@ class ServiceAccountStrategy(Strategy):
     columns = [NAME_COLUMN, Column("Secrets", type="integer"), AGE_COLUMN]
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
-        return [meta.name_of(obj), len(obj.get("secrets") or []), meta.age(obj)]
+        return [objects.name(obj), len(obj.get("secrets") or []), meta.age(obj)]
 
 
 class ReviewStrategy(Strategy):

@@ -7,6 +7,7 @@ import base64
 import binascii
 from typing import Any
 
+from ... import objects
 from .. import meta
 from ..strategy import AGE_COLUMN, NAME_COLUMN, Column, Strategy, get_path
 
@@ -47,7 +48,7 @@ class ConfigMapStrategy(Strategy):
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
         n = len(obj.get("data") or {}) + len(obj.get("binaryData") or {})
-        return [meta.name_of(obj), n, meta.age(obj)]
+        return [objects.name(obj), n, meta.age(obj)]
 
 
 class SecretStrategy(Strategy):
@@ -82,7 +83,7 @@ class SecretStrategy(Strategy):
         return {"type": obj.get("type", "")}
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
-        return [meta.name_of(obj), obj.get("type", "Opaque"), len(obj.get("data") or {}), meta.age(obj)]
+        return [objects.name(obj), obj.get("type", "Opaque"), len(obj.get("data") or {}), meta.age(obj)]
 
 
 class LeaseStrategy(Strategy):
@@ -91,7 +92,7 @@ class LeaseStrategy(Strategy):
     columns = [NAME_COLUMN, Column("Holder"), AGE_COLUMN]
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
-        return [meta.name_of(obj), get_path(obj, "spec", "holderIdentity", default="") or "", meta.age(obj)]
+        return [objects.name(obj), get_path(obj, "spec", "holderIdentity", default="") or "", meta.age(obj)]
 
 
 class EventStrategy(Strategy):
@@ -120,10 +121,10 @@ class EventStrategy(Strategy):
 
     def row(self, obj: dict[str, Any]) -> list[Any]:
         io = obj.get("involvedObject") or {}
-        last = obj.get("lastTimestamp") or obj.get("eventTime") or (obj.get("metadata") or {}).get("creationTimestamp")
+        last = obj.get("lastTimestamp") or obj.get("eventTime") or objects.meta(obj).get("creationTimestamp")
         first = obj.get("firstTimestamp") or obj.get("eventTime")
         src = obj.get("source") or {}
         return [meta.age(obj, last), obj.get("type", ""), obj.get("reason", ""),
                 f"{(io.get('kind') or '').lower()}/{io.get('name', '')}", io.get("fieldPath", ""),
                 ", ".join(v for v in (src.get("component"), src.get("host")) if v),
-                obj.get("message", ""), meta.age(obj, first), obj.get("count", 1), meta.name_of(obj)]
+                obj.get("message", ""), meta.age(obj, first), obj.get("count", 1), objects.name(obj)]

@@ -1,0 +1,445 @@
+"""How a fleet's cost grows with its nodes (issue 25): ``kube32-sim fleet`` of N nodes
+against a control plane of its own, for each N of ``--sizes``.
+
+For each size: a fresh control plane (``--no-kubelet``) and a fleet of N devkit boards
+(pwasm, the boards' 10 s Lease and status intervals, ``--interp-mops`` given so no node
+measures).  Measured: the time until every node is Ready (from the fleet's start),
+the fleet's RSS once they are (and per node: the total over N, and the growth per node
+from the smallest size), the control plane's RSS, and both processes' CPU at rest (over
+``--rest`` seconds after the join: Lease renewals and status reports only), as a share of
+one core.  ``--pods-per-node K`` adds K counter pods a node.  ``--profile`` records the
+control plane at the largest size at rest with py-spy (``--profile-out``, a text of the
+hottest functions).
+
+Figures are of this machine as it is (the bench does not own it: other work may run),
+so the report says when each ran and what the machine was."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import cluster, report
+from kube32 import objects
+from kube32.client import CHECKPOINTS, CONFIGMAPS, NODES, PODS, Client
+from kube32.terms import Annotation, CheckpointPhase
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = (10, 50, 100, 300)
+REST_SECONDS = 20.0
+PROBES = 100
+GRACE_SECONDS = 20.0
+CHECKPOINT_EVERY = 15.0
+PROBE_ANNOTATION = "bench.kube32.io/probe"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (its threads included), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _start(args: list[str], log: Path, stdin: bool = False) -> subprocess.Popen:
+    with open(log, "wb") as f:
+        return subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, cwd=ROOT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+
+
+def _stop(p: subprocess.Popen, sig: int = signal.SIGTERM, wait: float = 60) -> None:
+    if p.poll() is None:
+        p.send_signal(sig)
+        try:
+            p.wait(wait)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+async def _ready_count(api: Client, prefix: str) -> int:
+    items, _ = await api.list(NODES)
+    return sum(1 for n in items if n["metadata"]["name"].startswith(prefix) and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (n.get("status") or {}).get("conditions") or []))
+
+
+async def _running_pods(api: Client) -> int:
+    items, _ = await api.list(PODS, "default", label_selector="kube32.io/fleet-node")
+    return sum(1 for p in items if (p.get("status") or {}).get("phase") == "Running")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one size measures beyond the join and the rest (see the module docstring)."""
+    pods_per_node: int = 0
+    rest: float = REST_SECONDS
+    probes: int = PROBES          # watch-delivery probes
+    drain: int = 0                # nodes drained through the Eviction API
+    lose: int = 0                 # nodes lost at once (their pods restore from periodic checkpoints)
+    grace: float = GRACE_SECONDS  # the control plane's node-monitor grace period
+    trace: Path | None = None     # tracemalloc both processes, reports in this directory
+
+
+def _sim(trace: Path | None, name: str, *args: str) -> list[str]:
+    if trace is None:
+        return cluster.sim(*args)
+    return [sys.executable, "-m", "bench.tracemem", str(trace / f"{name}.txt"), *args]
+
+
+async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="kube32-bench-fleet-"))
+    cp = _start(_sim(plan.trace, "control-plane", "control-plane", "--data-dir", str(tmp), "--port", "0",
+                     "--no-kubelet", "--node-monitor-grace-period", f"{plan.grace:g}s",
+                     "--pod-eviction-timeout", "1s"), tmp / "control-plane.log")
+    fleet: subprocess.Popen | None = None
+    api: Client | None = None
+    try:
+        kubeconfig = tmp / "admin.kubeconfig"
+        deadline = time.monotonic() + 60
+        while not kubeconfig.exists():
+            if cp.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the control plane did not start")
+            await asyncio.sleep(0.05)
+        api = Client.from_kubeconfig(kubeconfig, user_agent="kube32-bench")
+        image = await _push(kubeconfig) if plan.pods_per_node else ""
+        cp_rss0 = cluster.rss_bytes(cp.pid)
+        began = time.monotonic()
+        fleet = _start(_sim(plan.trace, "fleet", "fleet", "--kubeconfig", str(tmp / "node.kubeconfig"),
+                            "--nodes", str(n), "--interp-mops", "5"), tmp / "fleet.log", stdin=True)
+        ready_at = await cluster.Cluster.wait(lambda: _ready_at(api, n, fleet, began), 60 + n, f"{n} nodes Ready",
+                                              interval=0.25)
+        nodes = [f"fleet-{i}" for i in range(1, n + 1)]
+        lost = nodes[n - plan.lose:] if plan.lose else []
+        pods_s = None
+        if plan.pods_per_node:
+            t_pods = time.monotonic()
+            await _create_pods(api, nodes, plan.pods_per_node, image, set(lost))
+            await cluster.Cluster.wait(lambda: _pods_done(api, n * plan.pods_per_node), 120 + 2 * n,
+                                       "pods running", 0.5)
+            pods_s = time.monotonic() - t_pods
+        await asyncio.sleep(2)   # the last joins' first status writes
+        cp_cpu, fl_cpu = cpu_seconds(cp.pid), cpu_seconds(fleet.pid)
+        load0 = os.getloadavg()[0]
+        t0 = time.monotonic()
+        if profile_out is not None:
+            await _profile(cp.pid, plan.rest, profile_out)
+        else:
+            await asyncio.sleep(plan.rest)
+        dt = time.monotonic() - t0
+        out: dict[str, Any] = {
+            "nodes": n, "join_s": ready_at, "fleet_rss": cluster.rss_bytes(fleet.pid),
+            "cp_rss": cluster.rss_bytes(cp.pid), "cp_rss0": cp_rss0,
+            "cp_cpu": (cpu_seconds(cp.pid) - cp_cpu) / dt, "fleet_cpu": (cpu_seconds(fleet.pid) - fl_cpu) / dt,
+            "pods": n * plan.pods_per_node, "pods_s": pods_s, "load": round(load0, 2)}
+        if plan.trace is not None:
+            await _trace(plan.trace, {"control-plane": cp, "fleet": fleet}, n)
+        probe = f"{nodes[0]}-1" if plan.pods_per_node else None
+        out["watch_ms"] = await watch_delivery(api, probe, plan.probes)
+        out["list_ms"] = await list_times(api, nodes[0])
+        if plan.lose:   # first: a drain's replacements on the nodes to lose would have no checkpoint
+            out["lose"] = await lose_nodes(api, fleet, lost, plan.grace)
+        if plan.drain:
+            out["drain"] = await drain_nodes(api, nodes[:plan.drain])
+        print(f"  {n} nodes: {json.dumps(out)}", flush=True)
+        return out
+    finally:
+        if api is not None:
+            await api.close()
+        if fleet is not None:
+            _stop(fleet)
+        _stop(cp)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def _create_pods(api: Client, nodes: list[str], per_node: int, image: str, periodic: set[str]) -> None:
+    """``per_node`` counter pods bound to each node; those on ``periodic`` nodes take a
+    periodic checkpoint (only they: a thousand pods checkpointing would be the load)."""
+    gate = asyncio.Semaphore(8)
+
+    async def one(node: str, j: int) -> None:
+        pod = cluster.counter_pod(f"{node}-{j}", image, node, labels={"kube32.io/fleet-node": node})
+        pod["spec"]["terminationGracePeriodSeconds"] = 1
+        if node in periodic:
+            pod["metadata"]["annotations"] = {Annotation.CHECKPOINT_INTERVAL: f"{CHECKPOINT_EVERY:g}s"}
+        async with gate:
+            await api.create(PODS, pod, "default")
+    await asyncio.gather(*(one(node, j) for node in nodes for j in range(1, per_node + 1)))
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    if not s:
+        return {}
+    return {"p50": round(s[len(s) // 2], 2), "p99": round(s[min(len(s) - 1, int(0.99 * len(s)))], 2),
+            "max": round(s[-1], 2), "n": len(s)}
+
+
+async def watch_delivery(api: Client, pod: str | None, probes: int) -> dict[str, float]:
+    """p50/p99 of one watch event's delivery: from a merge patch's send to its event on a
+    watch of every pod of the namespace (a ConfigMap's when there are no pods), with the
+    fleet's watches open beside it.  One patch at a time, 50 ms apart."""
+    kind, name = (PODS, pod) if pod else (CONFIGMAPS, "fleet-probe")
+    if pod is None:
+        await api.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                      "metadata": {"name": name}, "data": {}}, "default")
+    _, rv = await api.list(kind, "default", field_selector=f"metadata.name={name}")
+    arrived: dict[str, float] = {}
+    waiting: dict[str, asyncio.Future[None]] = {}
+
+    async def watch() -> None:
+        async for _t, obj in api.watch(kind, "default", resource_version=rv, timeout_seconds=600):
+            mark = objects.annotations(obj).get(PROBE_ANNOTATION)
+            if mark is not None and mark not in arrived:
+                arrived[mark] = time.monotonic()
+                fut = waiting.pop(mark, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+    watcher = asyncio.create_task(watch())
+    samples = []
+    try:
+        await asyncio.sleep(0.5)
+        loop = asyncio.get_running_loop()
+        for i in range(probes):
+            mark = str(i)
+            waiting[mark] = loop.create_future()
+            sent = time.monotonic()
+            await api.patch(kind, name, {"metadata": {"annotations": {PROBE_ANNOTATION: mark}}}, "default")
+            await asyncio.wait_for(waiting[mark], 10)
+            samples.append(1000 * (arrived[mark] - sent))
+            await asyncio.sleep(0.05)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    return _percentiles(samples)
+
+
+async def list_times(api: Client, node: str, repeats: int = 5) -> dict[str, Any]:
+    """Median ms of ``list pods`` (every namespace) and of ``list pods`` by
+    ``spec.nodeName`` (one node's), with how many each returned."""
+    out: dict[str, Any] = {}
+    for key, sel in (("all", None), ("node", f"spec.nodeName={node}")):
+        times, count = [], 0
+        for _ in range(repeats):
+            t = time.monotonic()
+            items, _ = await api.list(PODS, field_selector=sel)
+            times.append(1000 * (time.monotonic() - t))
+            count = len(items)
+        out[key] = round(sorted(times)[len(times) // 2], 1)
+        out[f"{key}_items"] = count
+    return out
+
+
+async def _states(api: Client, names: list[str]) -> dict[str, Any]:
+    gate = asyncio.Semaphore(8)
+
+    async def ask(name: str) -> Any:
+        async with gate:
+            try:
+                status, body = await cluster.pod_state(api, name)
+            except (OSError, asyncio.TimeoutError) as e:
+                return e
+            return body if status == 200 else status
+    return dict(zip(names, await asyncio.gather(*(ask(n) for n in names)), strict=True))
+
+
+async def _pods_of(api: Client, nodes: list[str]) -> dict[str, str]:
+    items, _ = await api.list(PODS, "default", label_selector="kube32.io/fleet-node")
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in items if p["spec"].get("nodeName") in nodes}
+
+
+async def _replaced(api: Client, uids: dict[str, str], away: list[str]) -> bool:
+    items, _ = await api.list(PODS, "default", label_selector="kube32.io/fleet-node")
+    return sum(1 for p in items if p["metadata"]["name"] in uids and p["metadata"]["uid"] != uids[p["metadata"]["name"]]
+               and p["spec"].get("nodeName") not in (None, *away) and cluster.pod_ready(p)) == len(uids)
+
+
+async def drain_nodes(api: Client, nodes: list[str]) -> dict[str, Any]:
+    """Cordon ``nodes``, evict every pod on them through the Eviction API (8 in flight),
+    until every replacement is Ready elsewhere; kept: a pod whose counter went on from
+    where it was (its state moved)."""
+    uids = await _pods_of(api, nodes)
+    names = sorted(uids)
+    before = await _states(api, names)
+    started = time.monotonic()
+    await asyncio.gather(*(api.patch(NODES, n, {"spec": {"unschedulable": True}}) for n in nodes))
+    gate = asyncio.Semaphore(8)
+
+    async def evict(name: str) -> None:
+        async with gate:
+            await api.post_subresource(PODS, name, "eviction", {
+                "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "default"}},
+                "default")
+    await asyncio.gather(*(evict(n) for n in names))
+    await cluster.Cluster.wait(lambda: _replaced(api, uids, nodes), 300, f"{len(names)} pods drained", 0.25)
+    seconds = time.monotonic() - started
+    after = await _states(api, names)
+    kept = sum(1 for n in names if isinstance(before[n], dict) and isinstance(after[n], dict)
+               and after[n]["requests"] == before[n]["requests"] + 1 and after[n]["restored_calls"] >= 1)
+    return {"nodes": len(nodes), "pods": len(names), "seconds": round(seconds, 1), "kept": kept}
+
+
+async def _all_checkpointed(api: Client, names: set[str]) -> bool:
+    items, _ = await api.list(CHECKPOINTS, "default")
+    return names <= {c["spec"].get("podName") for c in items if objects.phase(c) == CheckpointPhase.SAVED
+                     and objects.status(c).get("sizeBytes")}
+
+
+async def lose_nodes(api: Client, fleet: subprocess.Popen, nodes: list[str], grace: float) -> dict[str, Any]:
+    """Once every pod on ``nodes`` has a Saved periodic checkpoint, kill those nodes at
+    once (the fleet's ``kill``: their Leases just stop), until every pod is Ready
+    elsewhere again; restored: a pod that came back from its checkpoint."""
+    uids = await _pods_of(api, nodes)
+    names = sorted(uids)
+    await cluster.Cluster.wait(lambda: _all_checkpointed(api, set(names)), 120 + CHECKPOINT_EVERY,
+                               "periodic checkpoints", 0.5)
+    assert fleet.stdin is not None
+    started = time.monotonic()
+    fleet.stdin.write("".join(f"kill {n}\n" for n in nodes).encode())
+    fleet.stdin.flush()
+    await cluster.Cluster.wait(lambda: _replaced(api, uids, nodes), grace + 300, f"{len(names)} pods restored", 0.5)
+    seconds = time.monotonic() - started
+    after = await _states(api, names)
+    restored = sum(1 for n in names if isinstance(after[n], dict) and after[n]["restored_calls"] >= 1)
+    return {"nodes": len(nodes), "pods": len(names), "seconds": round(seconds, 1), "grace": grace,
+            "restored": restored}
+
+
+async def _trace(out: Path, procs: dict[str, subprocess.Popen], n: int) -> None:
+    """Each process writes where its traced memory is (bench.tracemem, on SIGUSR1)."""
+    for name, p in procs.items():
+        target = out / f"{name}.txt"
+        target.unlink(missing_ok=True)
+        p.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 120
+        while not target.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(1)
+        if target.exists():
+            target.rename(out / f"mem-{name}-{n}.txt")
+
+
+async def _push(kubeconfig: Path) -> str:
+    p = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kube32.cli.main", "image", "push", str(cluster.COUNTER), "--kubeconfig",
+        str(kubeconfig), cwd=ROOT, stdout=subprocess.PIPE)
+    out, _ = await p.communicate()
+    if p.returncode != 0:
+        raise RuntimeError(f"image push failed: {out!r}")
+    return out.decode().strip()
+
+
+async def _ready_at(api: Client, n: int, fleet: subprocess.Popen, began: float) -> float | None:
+    if fleet.poll() is not None:
+        raise RuntimeError("the fleet exited")
+    return time.monotonic() - began if await _ready_count(api, "fleet-") >= n else None
+
+
+async def _pods_done(api: Client, want: int) -> bool:
+    return await _running_pods(api) >= want
+
+
+async def _profile(pid: int, seconds: float, out: Path) -> None:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    raw = out.with_suffix(".raw.txt")
+    p = await asyncio.create_subprocess_exec(spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                                             "--rate", "50", "--format", "raw", "--output", str(raw),
+                                             "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    await p.wait()
+    if raw.exists():
+        out.write_text(top_functions(raw.read_text()))
+
+
+def top_functions(raw: str, top: int = 30) -> str:
+    """py-spy's raw (collapsed) stacks as the functions with the most samples, inclusive
+    (a function counted once per stack) and exclusive (the leaf)."""
+    inclusive: dict[str, int] = {}
+    leaf: dict[str, int] = {}
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        k = int(count)
+        total += k
+        frames = stack.split(";")
+        for f in set(frames):
+            inclusive[f] = inclusive.get(f, 0) + k
+        leaf[frames[-1]] = leaf.get(frames[-1], 0) + k
+    lines = [f"{total} samples"]
+    for title, table in (("inclusive", inclusive), ("self", leaf)):
+        lines.append(f"-- {title}")
+        for f, k in sorted(table.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"{100 * k / max(total, 1):5.1f}%  {f}")
+    return "\n".join(lines) + "\n"
+
+
+def section(rows: list[dict[str, Any]], rest: float) -> str:
+    first = rows[0]
+    body = []
+    for r in rows:
+        growth = ((r["fleet_rss"] - first["fleet_rss"]) / (r["nodes"] - first["nodes"])
+                  if r["nodes"] > first["nodes"] else None)
+        body.append([str(r["nodes"]), str(r["pods"]), f"{r['join_s']:.1f} s",
+                     f"{r['nodes'] / r['join_s']:.1f}", f"{r['fleet_rss'] / 2**20:.0f} MiB",
+                     f"{r['fleet_rss'] / r['nodes'] / 2**20:.2f} MiB",
+                     f"{growth / 2**20:.2f} MiB" if growth is not None else "-",
+                     f"{r['cp_rss'] / 2**20:.0f} MiB", f"{100 * r['cp_cpu']:.0f}%", f"{100 * r['fleet_cpu']:.0f}%"])
+    text = ("## Fleets (issue 25)\n\n"
+            "`kube32-sim fleet --nodes N` (devkit boards, pwasm, Lease and status every 10 s) against a control "
+            f"plane of its own; CPU at rest over {rest:g} s after every node is Ready, as a share of one core.  "
+            "Measured on this 2-core machine with other work running: figures are indicative, not a baseline.\n\n")
+    return text + report.table(["nodes", "pods", "all Ready", "joins/s", "fleet RSS", "RSS / node",
+                                "growth / node", "control plane RSS", "control plane CPU", "fleet CPU"], body)
+
+
+async def run(sizes: list[int], plan: Plan, profile_out: Path | None) -> list[dict[str, Any]]:
+    rows = []
+    for i, n in enumerate(sizes):
+        rows.append(await one_size(n, plan, profile_out if i == len(sizes) - 1 else None))
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_fleet")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated fleet sizes")
+    parser.add_argument("--pods-per-node", type=int, default=0)
+    parser.add_argument("--rest", type=float, default=REST_SECONDS, help="seconds at rest to measure CPU over")
+    parser.add_argument("--probes", type=int, default=PROBES, help="watch-delivery probes at each size")
+    parser.add_argument("--drain", type=int, default=0, metavar="D",
+                        help="drain D nodes through the Eviction API at each size (needs --pods-per-node)")
+    parser.add_argument("--lose", type=int, default=0, metavar="L",
+                        help="lose L nodes at once at each size; their pods restore from periodic checkpoints")
+    parser.add_argument("--grace", type=float, default=GRACE_SECONDS, help="the node-monitor grace period")
+    parser.add_argument("--trace", type=Path, metavar="DIR",
+                        help="tracemalloc both processes (bench.tracemem); reports mem-*-N.txt in DIR "
+                             "(its CPU and time figures are then not the bench's)")
+    parser.add_argument("--profile", action="store_true", help="py-spy the control plane at the largest size")
+    parser.add_argument("--profile-out", type=Path, default=ROOT / "bench" / "fleet-profile.txt")
+    parser.add_argument("--no-report", action="store_true", help="print the section, do not add it to the report")
+    args = parser.parse_args(argv)
+    sizes = sorted(int(s) for s in args.sizes.split(",") if s.strip())
+    plan = Plan(args.pods_per_node, args.rest, args.probes, args.drain, args.lose, args.grace, args.trace)
+    if args.trace:
+        args.trace.mkdir(parents=True, exist_ok=True)
+    rows = cluster.run(run(sizes, plan, args.profile_out if args.profile else None))
+    text = section(rows, args.rest)
+    if not args.no_report:
+        report.add(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,187 @@
+"""``kube32-sim fleet``: 50 real kubelets in one process beside an ordinary worker.
+
+The control plane runs with short node-lifecycle timings; the fleet's nodes renew their
+Leases every second.  The fleet joins and is Ready (names and addresses its own), one
+counter pod runs on each of its nodes (``--pods-per-node``), a pod moves from a fleet
+node to the worker and back with its state, a fleet node drained through the fleet's
+control (as SIGTERM drains a worker) moves its pod away with its state, and a fleet
+node killed (as SIGKILL kills a worker) turns Unknown, loses its pod, and joins again
+when started.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.conftest import ROOT, ControlPlane, Proc, sim_command, start, start_control_plane, wait_for
+from tests.e2e.helpers import cli, push
+
+COUNTER = ROOT / "examples" / "pods" / "counter.wasm"
+NODES = 50
+
+
+class FleetProc:
+    def __init__(self, popen: subprocess.Popen, log: Path) -> None:
+        self.popen, self.log = popen, log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def command(self, line: str, answer: str, timeout: float = 40) -> str:
+        """Send one control line; wait for the answer line that starts with ``answer``."""
+        assert self.popen.stdin is not None
+        self.popen.stdin.write((line + "\n").encode())
+        self.popen.stdin.flush()
+        return wait_for(lambda: next((ln for ln in self.output().splitlines() if ln.startswith(answer)), None),
+                        timeout, what=f"fleet to answer {line!r}")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(40)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, FleetProc]]:
+    tmp = tmp_path_factory.mktemp("fleet")
+    cp = start_control_plane(tmp / "cp", "--no-kubelet", "--node-monitor-grace-period", "4s",
+                             "--pod-eviction-timeout", "1s", "--node-monitor-period", "500ms")
+    worker: Proc | None = None
+    proc: FleetProc | None = None
+    try:
+        image = push(cp, COUNTER)
+        kubeconfig = str(cp.data_dir / "node.kubeconfig")
+        worker = start(sim_command("worker", "--kubeconfig", kubeconfig, "--name", "sim-1", "--address",
+                                   "127.0.0.2", "--port", "0", "--data-dir", str(tmp / "sim-1"),
+                                   "--interp-mops", "5", "--backoff", "1", "--lease-interval", "1"),
+                       tmp / "sim-1.log")
+        log = tmp / "fleet.log"
+        with open(log, "wb") as f:
+            popen = subprocess.Popen(
+                sim_command("fleet", "--kubeconfig", kubeconfig, "--nodes", str(NODES), "--data-dir",
+                            str(tmp / "fleet"), "--interp-mops", "5", "--backoff", "1", "--lease-interval", "1",
+                            "--status-interval", "5", "--pods-per-node", "1", "--image", image),
+                stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = FleetProc(popen, log)
+        wait_for(lambda: "fleet ready" in proc.output() or popen.poll() is not None, 60, what="fleet ready")
+        assert popen.poll() is None, proc.output()[-3000:]
+        yield cp, proc
+    finally:
+        if proc is not None:
+            proc.stop()
+        if worker is not None:
+            worker.stop(signal.SIGKILL)
+        cp.proc.stop()
+
+
+def nodes(cp: ControlPlane) -> dict[str, dict]:
+    items = json.loads(cp.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    return {n["metadata"]["name"]: n for n in items}
+
+
+def ready(node: dict) -> str:
+    return next((c["status"] for c in node["status"].get("conditions", []) if c["type"] == "Ready"), "")
+
+
+def pod(cp: ControlPlane, name: str) -> dict | None:
+    out = cp.kubectl("get", "pod", name, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def counter(cp: ControlPlane, name: str) -> dict:
+    return json.loads(cp.kubectl("get", "--raw", f"/api/v1/namespaces/default/pods/{name}/proxy/").stdout)
+
+
+def running_on(cp: ControlPlane, name: str) -> str | None:
+    p = pod(cp, name)
+    if p is None or p["metadata"].get("deletionTimestamp") or p["status"].get("phase") != "Running":
+        return None
+    statuses = p["status"].get("containerStatuses") or [{}]
+    return p["spec"].get("nodeName") if statuses[0].get("ready") else None
+
+
+def test_the_fleet_joins_with_names_and_addresses_of_its_own(fleet) -> None:
+    cp, proc = fleet
+    assert f"kube32 fleet of {NODES} nodes" in proc.output()
+    found = wait_for(lambda: (lambda ns: ns if sum(ready(n) == "True" for n in ns.values()) == NODES + 1 else None)(
+        nodes(cp)), 30, what="every node Ready")
+    fleet_nodes = {k: v for k, v in found.items() if k.startswith("fleet-")}
+    assert sorted(fleet_nodes, key=lambda n: int(n.split("-")[1])) == [f"fleet-{i}" for i in range(1, NODES + 1)]
+    addresses = [next(a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP")
+                 for n in fleet_nodes.values()]
+    assert len(set(addresses)) == NODES and all(a.startswith("127.32.0.") for a in addresses)
+    assert "127.0.0.2" not in addresses
+    # Each node is its own: its heap accounting and its own credentials.
+    assert all(n["status"]["allocatable"] for n in fleet_nodes.values())
+    leases = json.loads(cp.kubectl("get", "leases", "-n", "kube-node-lease", "-o", "json").stdout)["items"]
+    assert {lease["spec"]["holderIdentity"] for lease in leases} >= set(fleet_nodes)
+
+
+def test_a_pod_runs_on_every_fleet_node(fleet) -> None:
+    cp, _ = fleet
+
+    def running() -> int:
+        items = json.loads(cp.kubectl("get", "pods", "-l", "kube32.io/fleet-node", "-o", "json").stdout)["items"]
+        return sum(p["status"].get("phase") == "Running" and p["spec"]["nodeName"] == p["metadata"]["name"][:-2]
+                   for p in items)
+    wait_for(lambda: running() == NODES, 60, interval=0.5, what=f"{NODES} pods running on the fleet")
+
+
+def test_a_pod_moves_from_the_fleet_to_a_worker_and_back_with_its_state(fleet) -> None:
+    cp, _ = fleet
+    wait_for(lambda: running_on(cp, "fleet-1-1") == "fleet-1", 60, what="fleet-1-1 running")
+    counter(cp, "fleet-1-1")
+    before = counter(cp, "fleet-1-1")["requests"]
+    out = cli(cp, "move", "fleet-1-1", "--to", "sim-1")
+    assert "moved fleet-1-1 from fleet-1 to sim-1" in out.stdout.decode(), out.stdout.decode()
+    there = counter(cp, "fleet-1-1")
+    assert there["requests"] == before + 1 and there["restored_calls"] == 1
+    out = cli(cp, "move", "fleet-1-1", "--to", "fleet-2")
+    assert "moved fleet-1-1 from sim-1 to fleet-2" in out.stdout.decode(), out.stdout.decode()
+    back = counter(cp, "fleet-1-1")
+    assert back["requests"] == before + 2 and back["restored_calls"] == 2 and back["init_calls"] == 1
+
+
+def test_a_drained_fleet_node_moves_its_pod_away_with_its_state(fleet) -> None:
+    cp, proc = fleet
+    wait_for(lambda: running_on(cp, "fleet-3-1") == "fleet-3", 60, what="fleet-3-1 running")
+    before = counter(cp, "fleet-3-1")["requests"]
+    answer = proc.command("drain fleet-3", "fleet: fleet-3 drained")
+    assert "still there" not in answer
+    moved_to = wait_for(lambda: (lambda on: on if on not in (None, "fleet-3") else None)(running_on(cp, "fleet-3-1")),
+                        30, what="fleet-3-1 running elsewhere")
+    assert moved_to != "fleet-3"
+    after = counter(cp, "fleet-3-1")
+    assert after["requests"] == before + 1 and after["restored_calls"] >= 1
+    node = nodes(cp)["fleet-3"]
+    assert node["spec"].get("unschedulable") and ready(node) == "False"
+    proc.command("start fleet-3", "fleet: fleet-3 started")
+    wait_for(lambda: ready(nodes(cp)["fleet-3"]) == "True" and not nodes(cp)["fleet-3"]["spec"].get("unschedulable"),
+             30, what="fleet-3 Ready and uncordoned again")
+
+
+def test_a_killed_fleet_node_turns_unknown_loses_its_pod_and_joins_again(fleet) -> None:
+    cp, proc = fleet
+    wait_for(lambda: running_on(cp, "fleet-4-1") == "fleet-4", 60, what="fleet-4-1 running")
+    assert "error" in proc.command("kill fleet-999", "fleet: error")
+    proc.command("kill fleet-4", "fleet: fleet-4 killed")
+    # Nothing was written at the kill: the node stays Ready until its Lease is stale.
+    assert ready(nodes(cp)["fleet-4"]) == "True"
+    wait_for(lambda: ready(nodes(cp)["fleet-4"]) == "Unknown", 30, what="fleet-4 Unknown")
+    wait_for(lambda: (lambda p: p is None or p["metadata"].get("deletionTimestamp")
+                      or p["spec"].get("nodeName") != "fleet-4")(pod(cp, "fleet-4-1")), 30,
+             what="fleet-4-1 evicted from the lost node")
+    proc.command("start fleet-4", "fleet: fleet-4 started")
+    wait_for(lambda: ready(nodes(cp)["fleet-4"]) == "True", 30, what="fleet-4 Ready again")
+    assert sum(ready(n) == "True" for k, n in nodes(cp).items() if k.startswith("fleet-")) == NODES

@@ -1,0 +1,26 @@
+(module
+  (import "k32" "k32_req_query" (func $q (param i32 i32) (result i32)))
+  (import "k32" "k32_resp_body" (func $resp_body (param i32 i32) (result i32)))
+  (memory 1)
+  (global $calls (mut i32) (i32.const 0))
+  (func $rec (param $n i32) (result i32)
+    (if (result i32) (i32.eqz (local.get $n)) (then (i32.const 0))
+      (else (i32.add (i32.const 1) (call $rec (i32.sub (local.get $n) (i32.const 1)))))))
+  (func $num (param $len i32) (result i32) (local $i i32) (local $v i32)
+    (block $d (loop $l
+      (br_if $d (i32.ge_u (local.get $i) (local.get $len)))
+      (br_if $d (i32.gt_u (i32.sub (i32.load8_u (i32.add (i32.const 100) (local.get $i))) (i32.const 0x30)) (i32.const 9)))
+      (local.set $v (i32.add (i32.mul (local.get $v) (i32.const 10)) (i32.sub (i32.load8_u (i32.add (i32.const 100) (local.get $i))) (i32.const 0x30))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1))) (br $l)))
+    (local.get $v))
+  (func (export "k32_handle") (local $r i32) (local $p i32)
+    (global.set $calls (i32.add (global.get $calls) (i32.const 1)))
+    (local.set $r (call $rec (call $num (call $q (i32.const 100) (i32.const 20)))))
+    ;; print r in decimal at 200.. backwards
+    (local.set $p (i32.const 300))
+    (loop $l
+      (local.set $p (i32.sub (local.get $p) (i32.const 1)))
+      (i32.store8 (local.get $p) (i32.add (i32.const 0x30) (i32.rem_u (local.get $r) (i32.const 10))))
+      (local.set $r (i32.div_u (local.get $r) (i32.const 10)))
+      (br_if $l (local.get $r)))
+    (drop (call $resp_body (local.get $p) (i32.sub (i32.const 300) (local.get $p))))))
