@@ -47,6 +47,12 @@ REPLACED_WAIT: Final = 5.0
 # eviction moves it again.
 EVICTION_BACKOFF_AFTER_ROLLBACK: Final = 60.0
 
+# An eviction refused (429) because its pod was a move's replacement still restoring is
+# remembered this long for the client's retry (`kubectl drain` asks again every 5 s,
+# naming the pod only): should the move roll back meanwhile, the retry is about the pod
+# that has left the drained node, not the one now back on its source.
+EVICTION_RETRY_MEMORY: Final = 60.0
+
 # --- rollback, and what must outlast it -------------------------------------------
 # A moved pod's replacement that does not run by then goes back to its source
 # (--move-rollback-timeout).

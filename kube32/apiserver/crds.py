@@ -36,6 +36,7 @@ from typing import Any
 
 from .. import objects
 from . import errors
+from .openapi import documents as openapi_documents
 from .registry import Registry
 from .resources import RESOURCES, Resource, Subresource, by_plural
 from .strategies.apiextensions import (CLEANUP_FINALIZER, ESTABLISHED, TERMINATING, custom_strategy,
@@ -397,28 +398,22 @@ def schema_name(res: Resource) -> str:
 
 
 def openapi_document(catalog: Catalog, group_version: str) -> Obj | None:
-    """A custom group version's OpenAPI v3 document: its paths (a PATCH with
-    ``fieldValidation``, so kubectl leaves validation to the server) and each kind's schema."""
+    """A custom group version's OpenAPI v3 document: its paths as the built-in kinds' (path
+    parameters, list parameters, subresources; a PATCH with ``fieldValidation``, so
+    kubectl leaves validation to the server), each kind's schema and what they refer to."""
     group, _, version = group_version.partition("/")
     served = [r for r in catalog.served() if r.group == group and r.version == version]
     if not served:
         return None
-    param = {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}}
     paths: Obj = {}
     schemas: Obj = {}
     for r in served:
         gvk = {"group": r.group, "version": r.version, "kind": r.kind}
-        base = f"/apis/{group_version}/" + (f"namespaces/{{namespace}}/{r.plural}" if r.namespaced else r.plural)
-
-        def op(verb: str, r: Resource = r, gvk: Obj = gvk) -> Obj:
-            return {"operationId": f"{verb}{r.kind}", "x-kubernetes-action": verb,
-                    "x-kubernetes-group-version-kind": gvk, "parameters": [param],
-                    "responses": {"200": {"description": "OK"}}}
-        paths[base] = {"post": op("post"), "get": op("list")}
-        paths[base + "/{name}"] = {"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}
+        paths.update(openapi_documents.resource_paths(r, schema_name(r)))
         schemas[schema_name(r)] = {**(r.schema or {}), "x-kubernetes-group-version-kind": [gvk]}
+    shared = openapi_documents.components([n for n in openapi_documents.referenced(paths) if n not in schemas])
     return {"openapi": "3.0.0", "info": {"title": "Kubernetes CRD Swagger", "version": "v0.1.0"},
-            "paths": paths, "components": {"schemas": schemas}}
+            "paths": paths, "components": {"schemas": {**shared, **schemas}}}
 
 
 def openapi_paths(catalog: Catalog) -> Obj:

@@ -45,6 +45,14 @@ After Kubernetes' eviction REST (``pkg/registry/core/pod/storage/eviction.go``):
   would find the old pod (the move takes tens of milliseconds) and the drain would sit a
   second on it.  Kubernetes answers when
   the deletion starts; here the "deletion" is the move.
+* A client that was told 429 because the pod is a replacement restoring on node T asks
+  again with the pod's name only (``kubectl drain`` sends no uid precondition).  Should the
+  move have rolled back meanwhile, the name now belongs to the pod back on its source, a
+  node nobody asked to drain: the retry is about the pod that was on T, which is gone from
+  there, so it is answered 201 without touching the pod (``kubectl drain`` then sees a new
+  uid and completes).  The handler remembers each such refusal (namespace, name, user ->
+  the replacement's uid and node) for ``timing.EVICTION_RETRY_MEMORY`` seconds, at most
+  ``REFUSALS_KEPT`` of them (oldest forgotten first).
 * For ``timing.EVICTION_BACKOFF_AFTER_ROLLBACK`` seconds after an eviction's move of a pod
   rolled back to its source, evictions of that pod are refused the same way (429, the move named)
   instead of moving it again: each try would freeze it and most likely roll back again.
@@ -54,6 +62,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from aiohttp import web
@@ -69,6 +79,15 @@ from .selectors import parse_field_selector
 Obj = dict[str, Any]
 
 VIOLATION = "Cannot evict pod as it would violate the pod's disruption budget."
+REFUSALS_KEPT = 4096   # "being restored here" refusals remembered for the clients' retries
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """A 429 answered because the pod was a move's replacement restoring on ``node``."""
+    uid: str
+    node: str
+    until: float   # time.monotonic() after which a retry is judged afresh
 
 
 # --- the handler ------------------------------------------------------------------
@@ -115,6 +134,28 @@ class EvictionHandler:
         self.registry = registry
         self.image_exports = image_exports or (lambda digest: None)  # embedded image -> its exports
         self._lock = asyncio.Lock()  # one eviction decision at a time: budgets are read-then-act
+        self._refusals: OrderedDict[tuple[str, str, str], _Refusal] = OrderedDict()
+
+    def _remember_refusal(self, key: tuple[str, str, str], pod: Obj) -> None:
+        self._refusals.pop(key, None)
+        self._refusals[key] = _Refusal(objects.meta(pod).get("uid", ""), objects.spec(pod).get("nodeName", ""),
+                                       time.monotonic() + timing.EVICTION_RETRY_MEMORY)
+        while len(self._refusals) > REFUSALS_KEPT:
+            self._refusals.popitem(last=False)
+
+    def _retry_of_gone_replacement(self, key: tuple[str, str, str], pod: Obj) -> bool:
+        """Whether this eviction retries one refused for a replacement that has since left
+        its node (its move rolled back): the pod it was about is gone from there."""
+        refusal = self._refusals.get(key)
+        if refusal is None:
+            return False
+        if refusal.until < time.monotonic():
+            del self._refusals[key]
+            return False
+        if objects.meta(pod).get("uid") == refusal.uid or objects.spec(pod).get("nodeName") == refusal.node:
+            return False
+        del self._refusals[key]
+        return True
 
     async def __call__(self, request: web.Request, t: Any, body: Obj) -> web.StreamResponse:
         options = body.get("deleteOptions") or {}
@@ -122,12 +163,17 @@ class EvictionHandler:
             raise errors.bad_request("deleteOptions must be an object")
         # kubectl drain --dry-run=server says it in deleteOptions, not in the query
         dry_run = dryrun.requested(request, options)
+        user = request.get("user")
+        key = (t.namespace, t.name, getattr(user, "name", ""))
         first_uid = None
         for last_try in (False, True):
             async with self._lock:
                 pod = await self.registry.get(t.res, t.namespace, t.name)
                 if first_uid is not None and pod["metadata"].get("uid") != first_uid:
                     return _success()  # the move rolled back: the pod asked to leave is gone from here
+                if first_uid is None and not (options.get("preconditions") or {}).get("uid") \
+                        and self._retry_of_gone_replacement(key, pod):
+                    return _success()
                 # A move keeps the name, so a client that names the pod it meant by uid must
                 # not evict its replacement: judged before budgets, as Kubernetes does.
                 check_preconditions(t.res, pod, options.get("preconditions"))
@@ -138,6 +184,8 @@ class EvictionHandler:
                     move = await self.carry_out(pod, options, dry_run)
                     break
             if last_try:
+                if not dry_run:
+                    self._remember_refusal(key, pod)
                 raise errors.too_many_requests(
                     f'pod "{objects.name(pod)}" is being restored here by move {objects.name(restoring)}: it can '
                     "be evicted once the move ends (it runs here, or goes back to its source)")

@@ -44,3 +44,24 @@ def _copy(value: Any) -> Any:
     if kind in _SCALARS:
         return value
     return copy.deepcopy(value)
+
+
+def drop_nulls(value: Any) -> None:
+    """Remove, in place, every member of every object inside ``value`` whose value is null
+    (not list items): what decoding a body into a built-in kind's typed fields does in
+    kube-apiserver (``backoffLimit: null`` is the field unset, then defaulted)."""
+    kind = type(value)
+    if kind is dict:
+        nulls = None
+        for k, v in value.items():
+            if v is None:
+                nulls = [k] if nulls is None else nulls + [k]
+            elif type(v) is dict or type(v) is list:
+                drop_nulls(v)
+        if nulls:
+            for k in nulls:
+                del value[k]
+    elif kind is list:
+        for v in value:
+            if type(v) is dict or type(v) is list:
+                drop_nulls(v)

@@ -89,6 +89,8 @@ _VIEW = [
                      "replicasets/status", "statefulsets", "statefulsets/scale", "statefulsets/status"], READ),
     _rule(["policy"], ["poddisruptionbudgets", "poddisruptionbudgets/status"], READ),
     _rule(["batch"], ["cronjobs", "cronjobs/status", "jobs", "jobs/status"], READ),
+    _rule(["autoscaling"], ["horizontalpodautoscalers", "horizontalpodautoscalers/status"], READ),
+    _rule(["networking.k8s.io"], ["ingresses", "ingresses/status", "networkpolicies"], READ),
     # Checkpoint objects but not their data (a pod's memory: as secret as a Secret).
     _rule([terms.GROUP], ["checkpoints", "checkpoints/status", "images", "images/info", "topicevents"], READ),
 ]

@@ -57,7 +57,7 @@ from ..terms import Annotation, NamespacePhase, PodPhase
 from . import errors, meta, offload, paging
 from .keylocks import KeyLocks
 from . import jsonshape
-from .jsoncopy import copy_json
+from .jsoncopy import copy_json, drop_nulls
 from .limits import MAX_OBJECT, MAX_VALUES
 from .patch import (ApplyConflict, PatchError, PatchLimit, json_merge_patch, json_patch, record_update,
                     server_side_apply, strategic_merge_patch)
@@ -90,7 +90,8 @@ class WatchItem:
     read-only among watchers), or a progress mark.  ``derived``: the object is the previous
     content at this revision (an object that stopped matching), not the stored version;
     ``replaced`` too: the previous content of an object replaced under its name, annotated
-    so (a watcher that saw it stop matching gets it without the annotation)."""
+    ``kube32.io/replaced-by`` (also for a watcher whose selectors the replacement no
+    longer matches)."""
 
     type: str
     object: Obj | None
@@ -349,7 +350,7 @@ class Registry:
     def _prepared_new(self, res: Resource, ns: str | None, obj: Obj) -> tuple[Obj, str | None, bool]:
         """A copy of ``obj`` as it is created (metadata, defaults, validated), its namespace and
         whether its name was generated: one pass, with no await in it."""
-        obj = copy_json(obj)
+        obj = _typed_copy(res, obj)
         self._check_kind(res, obj)
         md, ns, generated = self._new_metadata(res, ns, obj)
         with malformed(res, md["name"]):
@@ -499,7 +500,7 @@ class Registry:
                 raise errors.conflict(res.plural, name, res.group)
             big_write = big or len(kv.value) > BIG_OBJECT
             try:
-                return await self._write(res, ns, kv, await _pass(big_write, copy_json, obj), subresource,
+                return await self._write(res, ns, kv, await _pass(big_write, _typed_copy, res, obj), subresource,
                                          dry_run, manager, big_write)
             except Conflict:
                 if wanted_rv:
@@ -677,7 +678,10 @@ class Registry:
             if patch_type == PATCH_JSON:
                 if not isinstance(body, list):
                     raise PatchError("a JSON patch must be a list of operations")
-                return json_patch(current, body)
+                patched = json_patch(current, body)
+                if res.strategy.typed:
+                    drop_nulls(patched)   # an "add" of null is the field unset (the other types delete)
+                return patched
             if not isinstance(body, dict):
                 raise PatchError("the patch must be a JSON object")
             if patch_type == PATCH_MERGE:
@@ -758,7 +762,7 @@ class Registry:
                                   f"UID in object meta: {old['metadata'].get('uid')}")
         if old["metadata"].get("deletionTimestamp"):
             raise errors.conflict(res.plural, name, res.group, "the object is being deleted")
-        new = copy_json(obj)
+        new = _typed_copy(res, obj)
         self._check_kind(res, new)
         md = new.setdefault("metadata", {})
         if carry is not None:
@@ -944,9 +948,11 @@ class Registry:
         Kubernetes watch cache does, so a kubelet watching ``spec.nodeName=X`` sees a pod
         that moved away as DELETED.  An object replaced under its name in one write (a
         move: ``replace``, a new uid) is DELETED (the old one, annotated
-        ``kube32.io/replaced-by: <new uid>``) then ADDED, both at that write's revision: no
+        ``kube32.io/replaced-by: <new uid>``, at the revision before that write's, so a
+        watch resumed from it still gets the ADDED) then ADDED at that write's revision: no
         Kubernetes server changes a uid in place, and informers keyed on uid must see the
-        old object end.
+        old object end.  A watch whose selectors the replacement no longer matches (a
+        node's, ``spec.nodeName``) gets the annotated DELETED alone, at the write's revision.
         """
         listing = None
         if initial:
@@ -984,24 +990,43 @@ class Registry:
                 return [WatchItem("DELETED", obj, ev.revision)]
             return [WatchItem(PROGRESS, None, ev.revision)]
         now = self.matches(res, obj, labels, fields)
-        if now and was and prev is not None and objects.uid(prev) != objects.uid(obj):
-            return [WatchItem("DELETED", _replaced(prev, obj), ev.revision, derived=True, replaced=True),
+        replaced = prev is not None and objects.uid(prev) != objects.uid(obj)
+        if now and was and replaced:
+            # The DELETED one revision before the write: a client that resumes a broken
+            # watch at the resourceVersion of the last event it got (client-go's reflector)
+            # must still be sent the ADDED, which it would miss were both at one revision.
+            assert prev is not None
+            return [WatchItem("DELETED", _replaced(prev, obj, ev.revision - 1), ev.revision - 1,
+                              derived=True, replaced=True),
                     WatchItem("ADDED", obj, ev.revision)]
         if now:
             return [WatchItem("MODIFIED" if was else "ADDED", obj, ev.revision)]
         if was:
             # As Kubernetes' watch cache: the previous content, at this event's
-            # revision, so a kubelet sees the uid it ran go away.
+            # revision, so a kubelet sees the uid it ran go away (and, replaced under its
+            # name elsewhere, by what).
             assert prev is not None
+            if replaced:
+                return [WatchItem("DELETED", _replaced(prev, obj, ev.revision), ev.revision, derived=True,
+                                  replaced=True)]
             gone = {**prev, "metadata": {**prev["metadata"], "resourceVersion": obj["metadata"]["resourceVersion"]}}
             return [WatchItem("DELETED", gone, ev.revision, derived=True)]
         return [WatchItem(PROGRESS, None, ev.revision)]
 
-def _replaced(old: Obj, new: Obj) -> Obj:
+def _typed_copy(res: Resource, obj: Any) -> Any:
+    """A private copy of a body to write; a built-in kind's without its null members
+    (Strategy.typed: kube-apiserver decodes them as fields unset)."""
+    out = copy_json(obj)
+    if res.strategy.typed:
+        drop_nulls(out)
+    return out
+
+
+def _replaced(old: Obj, new: Obj, revision: int) -> Obj:
     """``old`` as a watch's DELETED event shows it when ``new`` replaced it under its name:
-    at ``new``'s revision, naming ``new``'s uid (Annotation.REPLACED_BY)."""
+    at ``revision``, naming ``new``'s uid (Annotation.REPLACED_BY)."""
     md = dict(old["metadata"])
-    md["resourceVersion"] = new["metadata"]["resourceVersion"]
+    md["resourceVersion"] = str(revision)
     md["annotations"] = {**(md.get("annotations") or {}), Annotation.REPLACED_BY: objects.uid(new)}
     return {**old, "metadata": md}
 

@@ -21,11 +21,13 @@ from .strategies.pod import PodStrategy
 from .strategies.rbac import (ClusterRoleBindingStrategy, ClusterRoleStrategy, ReviewStrategy,
                               RoleBindingStrategy, RoleStrategy, ServiceAccountStrategy)
 from .strategies.service import EndpointSliceStrategy, EndpointsStrategy, ServiceStrategy
-from .strategies.simple import ConfigMapStrategy, EventStrategy, LeaseStrategy, SecretStrategy
+from .strategies.simple import ConfigMapStrategy, EventStrategy, LeaseStrategy, NotRunStrategy, SecretStrategy
 from .strategy import Strategy
 from ..terms import GROUP, VERSION
 
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+READ_ONLY_VERBS = ("get", "list", "watch")
+_NO_VOLUMES = "a Kube32 pod has no volumes: it keeps its state in its memory, and reads files from its image"
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,22 @@ RESOURCES: tuple[Resource, ...] = (
              False, ReviewStrategy(), verbs=("create",)),
     Resource("authentication.k8s.io", "v1", "selfsubjectreviews", "", "SelfSubjectReview",
              False, ReviewStrategy(), verbs=("create",)),
+    # Kinds Kube32 does not run, readable (always empty) for clients that sweep every common
+    # kind: kubectl apply --prune's default list, kubectl get all (strategies.simple.NotRunStrategy).
+    *(Resource(group, "v1", plural, kind.lower(), kind, namespaced, NotRunStrategy(kind, why), short, categories,
+               verbs=READ_ONLY_VERBS)
+      for group, plural, kind, namespaced, short, categories, why in (
+          ("", "persistentvolumeclaims", "PersistentVolumeClaim", True, ("pvc",), (), _NO_VOLUMES),
+          ("", "persistentvolumes", "PersistentVolume", False, ("pv",), (), _NO_VOLUMES),
+          ("", "replicationcontrollers", "ReplicationController", True, ("rc",), ("all",),
+           "use a Deployment (apps/v1), which Kube32 runs"),
+          ("apps", "statefulsets", "StatefulSet", True, ("sts",), ("all",),
+           "a Kube32 pod keeps its state in its own memory, which moves with it (docs/moving-pods.md); "
+           "use a Deployment"),
+          ("networking.k8s.io", "ingresses", "Ingress", True, ("ing",), (),
+           "reach pods through a Service (ClusterIP proxy or NodePort)"),
+          ("autoscaling", "horizontalpodautoscalers", "HorizontalPodAutoscaler", True, ("hpa",), ("all",),
+           "nodes report no CPU or memory metrics; scale with kubectl scale"))),
 )
 
 GROUP_VERSIONS: dict[str, list[Resource]] = {}

@@ -345,10 +345,54 @@ def _validate_array(value: list[Any], s: Schema, path: str, where: str, errs: Er
         seen = [json.dumps(v, sort_keys=True) for v in value]
         if len(set(seen)) != len(seen):
             errs.append((path, f"Invalid value: {where} in body shouldn't contain duplicates"))
+    _validate_list_type(value, s, path, errs)
     items = s.get("items")
     if isinstance(items, dict):
         for i, item in enumerate(value):
             _validate(item, items, f"{path}[{i}]", errs)
+
+
+def _validate_list_type(value: list[Any], s: Schema, path: str, errs: Errors) -> None:
+    """``x-kubernetes-list-type`` set (no item twice) and map (no two items with the same
+    values of ``x-kubernetes-list-map-keys``), as apiextensions' ``listtype`` validation:
+    each later duplicate is ``Duplicate value: <the item, or its keys>`` (Go's %#v)."""
+    kind = s.get("x-kubernetes-list-type")
+    if kind == "set":
+        seen: set[str] = set()
+        for i, item in enumerate(value):
+            key = json.dumps(item, sort_keys=True)
+            if key in seen:
+                errs.append((f"{path}[{i}]", f"Duplicate value: {_go_value(item)}"))
+            seen.add(key)
+    elif kind == "map" and isinstance(s.get("x-kubernetes-list-map-keys"), list):
+        names = [k for k in s["x-kubernetes-list-map-keys"] if isinstance(k, str)]
+        keyed: set[str] = set()
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                continue   # its type is judged by items
+            keys = {k: item.get(k) for k in names if k in item}
+            key = json.dumps([[k in item, item.get(k)] for k in names], sort_keys=True)
+            if key in keyed:
+                errs.append((f"{path}[{i}]", f"Duplicate value: {_go_value(keys)}"))
+            keyed.add(key)
+
+
+def _go_value(value: Any) -> str:
+    """``value`` as Go's ``%#v`` prints a decoded JSON value (field.Duplicate's words)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if value is None:
+        return "interface {}(nil)"
+    if isinstance(value, list):
+        return "[]interface {}{" + ", ".join(_go_value(v) for v in value) + "}"
+    return "map[string]interface {}{" + ", ".join(
+        f"{json.dumps(k)}:{_go_value(v)}" for k, v in sorted(value.items())) + "}"
 
 
 def _validate_object(value: dict[str, Any], s: Schema, path: str, where: str, errs: Errors, root: bool) -> None:

@@ -407,6 +407,8 @@ class APIServer:
     async def resource(self, request: web.Request) -> web.StreamResponse:
         t = self._target(request)
         m = request.method
+        if t.sub is None:
+            self._check_verb(t, m, request)
         if t.name is None:
             if m == "GET":
                 watch = query_flag(request.query, "watch")
@@ -417,6 +419,19 @@ class APIServer:
                 return await self.delete_collection(request, t)
             raise errors.method_not_allowed("the server does not allow this method on the requested resource")
         return await self.subresources.find(t.res.plural, t.sub or "", m)(request, t)
+
+    @staticmethod
+    def _check_verb(t: Target, method: str, request: web.Request) -> None:
+        """405 for a verb the resource table does not give the kind (a kind Kube32 does not
+        run is read-only), naming why."""
+        if t.name is None:
+            verb = {"GET": "watch" if query_flag(request.query, "watch") else "list", "POST": "create",
+                    "DELETE": "deletecollection"}.get(method)
+        else:
+            verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
+        if verb is None or verb in t.res.verbs:
+            return
+        raise errors.method_not_allowed(t.res.strategy.verb_refusal(t.res.plural))
 
     async def _object(self, request: web.Request, t: Target) -> web.StreamResponse:
         m = request.method

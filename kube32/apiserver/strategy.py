@@ -55,6 +55,10 @@ class Strategy:
     columns: ClassVar[list[Column]] = [NAME_COLUMN, AGE_COLUMN]
     selectable_fields: ClassVar[set[str]] = set()
     spec_fields: ClassVar[tuple[str, ...]] = ("spec",)
+    # A built-in kind's body is decoded into typed fields in kube-apiserver, where a null
+    # member is the field unset (then defaulted): the registry drops nulls before the
+    # strategy sees the object.  A custom resource keeps what its schema allows.
+    typed: ClassVar[bool] = True
 
     # --- writes -----------------------------------------------------------
     def prepare_for_create(self, obj: dict[str, Any]) -> None:
@@ -107,6 +111,10 @@ class Strategy:
     def delete_refusal(self, obj: dict[str, Any]) -> str | None:
         """Why ``obj`` may never be deleted (403, before anything is written), or None."""
         return None
+
+    def verb_refusal(self, plural: str) -> str:
+        """The words of a 405 for a verb the resource table does not give the kind."""
+        return "the server does not allow this method on the requested resource"
 
     def warnings(self, obj: dict[str, Any]) -> list[str]:
         """What a client should hear about an object it writes (kubectl prints "Warning: ...")."""

@@ -7,11 +7,14 @@ error it lists again and reports the differences as events, so handlers see
 every change at least once (level-triggered code tolerates repeats).
 
 An object replaced under its name (a moved pod) comes from the server as DELETED
-(annotated ``kube32.io/replaced-by``) then ADDED at one revision; this informer
-takes the pair as the one write it is: one MODIFIED whose uid changed, the cache
-never without that name in between.  Kube32's controllers count a moving pod as one
-pod at every step (a ReplicaSet never sees it gone), and a watch cut between the two
-resumes before the DELETED, so the pair is never half seen.
+(annotated ``kube32.io/replaced-by``, one revision before the write) then ADDED (at
+the write's revision); an informer without selectors takes the pair as the one write
+it is: one MODIFIED whose uid changed, the cache never without that name in between.
+Kube32's controllers count a moving pod as one pod at every step (a ReplicaSet never
+sees it gone), and a watch cut between the two resumes at the DELETED's revision,
+which still sends the ADDED.  An informer with selectors (the kubelet's
+``spec.nodeName``) takes the DELETED as it is: the server sends the ADDED only if the
+replacement matches them too (it then comes as an ADDED).
 """
 from __future__ import annotations
 
@@ -97,6 +100,7 @@ class Informer:
     async def _run(self) -> None:
         backoff = 0.05
         need_list = True
+        filtered = bool(self.label_selector or self.field_selector)
         while True:
             try:
                 if need_list:
@@ -106,8 +110,8 @@ class Informer:
                         self.kind, self.namespace, label_selector=self.label_selector,
                         field_selector=self.field_selector, resource_version=self._rv,
                         timeout_seconds=300):
-                    if etype == "DELETED" and Annotation.REPLACED_BY in objects.annotations(obj):
-                        continue   # its ADDED follows, at the same revision (see the module doc)
+                    if etype == "DELETED" and not filtered and Annotation.REPLACED_BY in objects.annotations(obj):
+                        continue   # its ADDED follows, at the next revision (see the module doc)
                     self._rv = obj.get("metadata", {}).get("resourceVersion", self._rv)
                     key = key_of(obj)
                     old = self.cache.get(key)

@@ -195,7 +195,8 @@ def _failure(job: Obj, counts: Counts, now: float) -> tuple[str, str, str] | Non
     target = Condition.JOB_FAILURE_TARGET
     if counts.fail_job is not None:
         return target, JobReason.POD_FAILURE_POLICY, counts.fail_job
-    if counts.failures > int(spec.get("backoffLimit", DEFAULT_BACKOFF_LIMIT)):
+    limit = spec.get("backoffLimit")   # the API server defaults it; one stored before may lack it
+    if counts.failures > (limit if isinstance(limit, int) else DEFAULT_BACKOFF_LIMIT):
         return target, JobReason.BACKOFF_LIMIT_EXCEEDED, "Job has reached the specified backoff limit"
     start = objects.parse_time(st.get("startTime"))
     deadline = spec.get("activeDeadlineSeconds")

@@ -168,8 +168,9 @@ class ControlPlane:
 
     async def _lead(self) -> None:
         """This control plane's term as the leader: a fresh controller manager, stopped
-        when the term ends (cancelled by the elector).  A manager on this API server alone
-        is started again on the others once they appear (see _controllers_client)."""
+        when the term ends (cancelled by the elector).  A manager on this API server (alone,
+        or failed over to it) is started again on the others once they run (see
+        _controllers_client)."""
         assert self.elector is not None
         while True:
             client, alone = await self._controllers_client()
@@ -178,13 +179,20 @@ class ControlPlane:
             self.controllers = ControllerManager(client, self.opts.controllers)
             try:
                 await self.controllers.start()
-                while not alone or not await self._peers_up():
+                while not await self._back_to_peers(client, alone):
                     await asyncio.sleep(PEER_CHECK_SECONDS)
                 log.info("other API servers run now: the controllers move to them")
             finally:
                 await self.controllers.stop()
                 self.controllers = None
                 await client.close()
+
+    async def _back_to_peers(self, client: Client, alone: bool) -> bool:
+        """Whether the controllers should start again on the other API servers: they run on
+        this one (alone at the start, or their client failed over to it when the one it used
+        died) while others run now."""
+        on_self = alone or client.server == self.url.rstrip("/")
+        return on_self and await self._peers_up()
 
     async def _peers_up(self) -> bool:
         return self.server is not None and self.server.peers is not None and bool(await self.server.peers.others())

@@ -101,6 +101,49 @@ def test_kubectl_apply_still_leaves_validation_to_the_server(cluster: ControlPla
     assert out.returncode != 0 and 'unknown field "spec.bogus"' in out.stderr
 
 
+def test_kubectl_apply_prune_with_its_default_list_and_kinds_kube32_does_not_run(cluster: ControlPlane) -> None:
+    """kubectl apply --prune's default list names PersistentVolumeClaims, PersistentVolumes,
+    ReplicationControllers, StatefulSets and Ingresses (attack round 23: it failed on them);
+    they are served for reading, always empty, and a write says why (405), as does
+    kubectl autoscale (HorizontalPodAutoscalers)."""
+    docs = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"prune-{i}", "labels": {"set": "pr"}},
+             "data": {"k": "v"}} for i in range(3)]
+    cluster.kubectl("apply", "-l", "set=pr", "--prune", "-f", "-", input=yaml.safe_dump_all(docs))
+    out = cluster.kubectl("apply", "-l", "set=pr", "--prune", "-f", "-", input=yaml.safe_dump_all(docs[:2])).stdout
+    assert "configmap/prune-2 pruned" in out, out
+    names = cluster.kubectl("get", "cm", "-l", "set=pr", "-o", "name").stdout.split()
+    assert sorted(names) == ["configmap/prune-0", "configmap/prune-1"]
+    for kind in ("statefulsets", "pvc", "pv", "rc", "ingresses", "hpa"):
+        got = cluster.kubectl("get", kind, "-A")
+        assert "No resources found" in got.stderr, (kind, got.stdout, got.stderr)
+    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db"},
+           "spec": {"selector": {"matchLabels": {"a": "b"}}, "serviceName": "db",
+                    "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c",
+                                                                                            "image": "x"}]}}}}
+    made = cluster.kubectl("apply", "-f", "-", input=json.dumps(sts), check=False)
+    assert made.returncode != 0 and "MethodNotAllowed" in made.stderr and "Kube32 does not run statefulsets" in \
+        made.stderr and "use a Deployment" in made.stderr, made.stderr
+    cluster.kubectl("create", "deployment", "scaled", "--image=x")
+    auto = cluster.kubectl("autoscale", "deploy/scaled", "--min=1", "--max=2", "--cpu-percent=50", check=False)
+    cluster.kubectl("delete", "deployment", "scaled", "--wait=false")
+    assert auto.returncode != 0 and "Kube32 does not run horizontalpodautoscalers" in auto.stderr, auto.stderr
+
+
+def test_a_null_field_of_a_job_is_unset_and_the_job_runs(cluster: ControlPlane) -> None:
+    """``backoffLimit: null`` (a YAML key left empty) is the field unset and defaulted, as
+    kube-apiserver decodes it (attack round 23: stored as null, it wedged the Job
+    controller); the Job runs."""
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "nulls"},
+           "spec": {"backoffLimit": None, "template": {"spec": {"restartPolicy": "Never", "containers": [
+               {"name": "c", "image": push(cluster, ROOT / "examples" / "pods" / "exit.wasm")}]}}}}
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+    got = json.loads(cluster.kubectl("get", "job", "nulls", "-o", "json").stdout)
+    assert got["spec"]["backoffLimit"] == 6
+    wait_for(lambda: json.loads(cluster.kubectl("get", "job", "nulls", "-o", "json").stdout)["status"].get(
+        "succeeded") == 1, 60, what="the Job with backoffLimit: null completes")
+    cluster.kubectl("delete", "job", "nulls", "--wait=false")
+
+
 def test_kr8s_and_pykube_ng_reach_checkpoints(cluster: ControlPlane) -> None:
     import kr8s
     import pykube

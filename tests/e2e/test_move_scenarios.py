@@ -656,7 +656,9 @@ def _source_lost(c: Cluster, node: str) -> None:
 def test_draining_the_target_of_a_move_under_way_keeps_the_pod_and_its_state(c):
     """Spec: "The target is drained ... while the pod restores there: The eviction does not delete
     the replacement: it waits up to 5 s for the move to end, then answers 429 ... and kubectl
-    drain asks again"; a dry-run drain moves and deletes nothing."""
+    drain asks again"; a dry-run drain moves and deletes nothing.  Once the move rolled back,
+    drain's retry (which names the pod only) is about the replacement that left "hang": it
+    completes the drain and leaves the pod on sim-1, a node nobody drained (attack round 20b)."""
     pod = uniq("tgt-drain")
     c.bare_pod(pod, "sim-1", c.img)
     st = ask(c, pod, 2)
@@ -670,6 +672,8 @@ def test_draining_the_target_of_a_move_under_way_keeps_the_pod_and_its_state(c):
     assert "the pod runs on sim-1 again, with its state" in out, out
     st2 = c.counters(pod)
     assert (st2["requests"], st2["restored_calls"]) == (st["requests"] + 1, 1), (st2, cp.stdout, cp.stderr)
+    assert cp.returncode == 0 and "being restored here" in cp.stdout + cp.stderr, (cp.stdout, cp.stderr)
+    assert c.node_of(pod) == "sim-1", (cp.stdout, cp.stderr)
 
 
 def test_an_auto_pod_rolled_back_from_a_faster_node_does_not_move_again_before_its_cooldown(c):

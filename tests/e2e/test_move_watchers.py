@@ -41,7 +41,16 @@ def test_a_watch_sees_the_moved_pod_end_and_its_replacement_begin(cluster: Contr
     old = get_json(cluster, "pod", "w")
     api = client.CoreV1Api(config.new_client_from_config(str(cluster.kubeconfig)))
     events: list[tuple[str, Any]] = []
+    on_node: list[tuple[str, Any]] = []   # a kubelet's view: the watch of spec.nodeName=sim-1
     stop = threading.Event()
+
+    def watching_the_node() -> None:
+        w = watch.Watch()
+        for ev in w.stream(api.list_pod_for_all_namespaces, field_selector="spec.nodeName=sim-1",
+                           resource_version=old["metadata"]["resourceVersion"], timeout_seconds=60):
+            on_node.append((ev["type"], ev["object"]))
+            if stop.is_set() or (ev["type"] == "DELETED" and ev["object"].metadata.name == "w"):
+                w.stop()
 
     def watching() -> None:
         w = watch.Watch()
@@ -52,6 +61,8 @@ def test_a_watch_sees_the_moved_pod_end_and_its_replacement_begin(cluster: Contr
                 w.stop()
     watcher = threading.Thread(target=watching, daemon=True)
     watcher.start()
+    node_watcher = threading.Thread(target=watching_the_node, daemon=True)
+    node_watcher.start()
     waiter = subprocess.Popen(["kubectl", "--kubeconfig", str(cluster.kubeconfig), "wait", "--for=delete",
                                "pod/w", "--timeout=60s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     kubectl_w = subprocess.Popen(["kubectl", "--kubeconfig", str(cluster.kubeconfig), "get", "pod", "w", "-w",
@@ -71,7 +82,22 @@ def test_a_watch_sees_the_moved_pod_end_and_its_replacement_begin(cluster: Contr
         gone = events[deleted][1]
         assert gone.metadata.annotations["kube32.io/replaced-by"] == new["metadata"]["uid"]
         assert gone.spec.node_name == "sim-1"
-        assert int(gone.metadata.resource_version) == int(events[deleted + 1][1].metadata.resource_version)
+        # the DELETED one revision before the ADDED: a watch resumed from it (client-go's
+        # reflector after a break) is still sent the ADDED (attack round 23)
+        assert int(gone.metadata.resource_version) == int(events[deleted + 1][1].metadata.resource_version) - 1
+        resumed = []
+        w = watch.Watch()
+        for ev in w.stream(api.list_namespaced_pod, "default", field_selector="metadata.name=w",
+                           resource_version=gone.metadata.resource_version, timeout_seconds=5):
+            resumed.append((ev["type"], ev["object"].metadata.uid))
+            if ev["type"] == "ADDED":
+                w.stop()
+        assert ("ADDED", new["metadata"]["uid"]) in resumed, resumed
+        # the source node's watch gets the pod's DELETED alone, saying what replaced it
+        node_watcher.join(30)
+        left = [o for t, o in on_node if t == "DELETED" and o.metadata.name == "w"]
+        assert left and left[0].metadata.uid == old["metadata"]["uid"], on_node
+        assert left[0].metadata.annotations["kube32.io/replaced-by"] == new["metadata"]["uid"]
         # kubectl wait --for=delete of the old pod ends: it saw its uid end.
         assert waiter.wait(60) == 0, waiter.stderr.read()
     finally:

@@ -83,3 +83,51 @@ def test_a_moves_replacement_is_refused_once_its_saving_checkpoint_is_being_dele
         finally:
             await store.close()
     asyncio.run(go())
+
+
+def test_a_watch_resumed_at_a_replacements_deleted_still_gets_its_added(tmp_path: Path) -> None:
+    """A replacement is DELETED (annotated kube32.io/replaced-by) one revision before its
+    ADDED: a client resuming at the DELETED's resourceVersion (client-go's reflector) is
+    still sent the ADDED; a watch whose selector the new object no longer matches
+    gets the annotated DELETED alone (attack round 23)."""
+    from kube32.apiserver.selectors import parse_label_selector
+
+    async def events(reg: Registry, rv: str, labels: str | None, count: int) -> list[tuple[str, dict]]:
+        got: list[tuple[str, dict]] = []
+
+        async def watch() -> None:
+            async for kind, obj in reg.watch(CONFIGMAPS, "default", parse_label_selector(labels) if labels else None,
+                                             None, rv):
+                got.append((kind, obj))
+                if len(got) == count:
+                    return
+        await asyncio.wait_for(watch(), 5)
+        return got
+
+    async def go() -> None:
+        store = await SQLiteStore.open(tmp_path / "s.db")
+        try:
+            reg = Registry(store)
+            await reg.create(by_plural("namespaces"), None, {"metadata": {"name": "default"}}, check_namespace=False)
+            old = await reg.create(CONFIGMAPS, "default", {"metadata": {"name": "c", "labels": {"at": "a"}}})
+            new = await reg.replace(CONFIGMAPS, "default", "c", {"metadata": {"name": "c", "labels": {"at": "b"}}},
+                                    expected_uid=old["metadata"]["uid"])
+            rv = int(new["metadata"]["resourceVersion"])
+            (d, gone), (a, added) = await events(reg, old["metadata"]["resourceVersion"], None, 2)
+            assert (d, a) == ("DELETED", "ADDED")
+            assert gone["metadata"]["uid"] == old["metadata"]["uid"]
+            assert gone["metadata"]["annotations"]["kube32.io/replaced-by"] == new["metadata"]["uid"]
+            assert int(gone["metadata"]["resourceVersion"]) == rv - 1
+            assert added["metadata"]["uid"] == new["metadata"]["uid"]
+            # resumed from the DELETED's resourceVersion: the ADDED comes (and the DELETED
+            # again, harmless to a store that has already dropped the old object)
+            resumed = await events(reg, gone["metadata"]["resourceVersion"], None, 2)
+            assert [k for k, _ in resumed] == ["DELETED", "ADDED"]
+            assert resumed[1][1]["metadata"]["uid"] == new["metadata"]["uid"]
+            (only, left), = await events(reg, old["metadata"]["resourceVersion"], "at=a", 1)
+            assert only == "DELETED" and int(left["metadata"]["resourceVersion"]) == rv
+            assert left["metadata"]["annotations"]["kube32.io/replaced-by"] == new["metadata"]["uid"]
+        finally:
+            await store.close()
+
+    asyncio.run(go())

@@ -180,3 +180,28 @@ def test_custom_strategy_generation_status_and_columns() -> None:
     assert s.row(old)[:3] == ["a", 1, "Ready"]
     assert [c.name for c in s.columns] == ["Name", "R", "T"]
     assert simple_path(".a.b[2]['c.d']") == ["a", "b", 2, "c.d"] and simple_path("a.b") is None
+
+
+def test_list_type_set_and_map_refuse_duplicates_in_kube_apiservers_words() -> None:
+    """apiextensions' listtype validation: each later duplicate of a set, and each item of a
+    map whose keys another item has, is ``Duplicate value: <Go %#v>`` (attack round 23)."""
+    schema = {"type": "object", "properties": {"spec": {"type": "object", "properties": {
+        "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+        "nums": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "integer"}},
+        "ports": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                  "items": {"type": "object", "properties": {"name": {"type": "string"},
+                                                             "port": {"type": "integer"}}}},
+        "pairs": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["a", "b"],
+                  "items": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}},
+    }}}}
+
+    def errs(spec: dict) -> list:
+        return sv.validate({"apiVersion": "x/v1", "kind": "X", "metadata": {}, "spec": spec}, schema)
+    assert errs({"tags": ["a", "b"], "nums": [1, 2], "ports": [{"name": "x"}, {"name": "y"}]}) == []
+    assert errs({"tags": ["a", "b", "a", "a"]}) == [("spec.tags[2]", 'Duplicate value: "a"'),
+                                                     ("spec.tags[3]", 'Duplicate value: "a"')]
+    assert errs({"nums": [1, 1]}) == [("spec.nums[1]", "Duplicate value: 1")]
+    assert errs({"ports": [{"name": "http", "port": 1}, {"name": "http", "port": 2}]}) == \
+        [("spec.ports[1]", 'Duplicate value: map[string]interface {}{"name":"http"}')]
+    assert errs({"pairs": [{"a": "x", "b": 1}, {"a": "x", "b": 2}, {"b": 1, "a": "x"}]}) == \
+        [("spec.pairs[2]", 'Duplicate value: map[string]interface {}{"a":"x", "b":1}')]

@@ -106,10 +106,13 @@ def schema(node: dict[str, Any]) -> bytes:
 
 
 def _parameter(p: dict[str, Any]) -> bytes:
-    """ParametersItem{1: Parameter{2: NonBodyParameter{3: QueryParameterSubSchema}}}."""
-    query = (_bool(1, p.get("required")) + _str(2, p.get("in")) + _str(3, p.get("description"))
-             + _str(4, p.get("name")) + _str(6, p.get("type")) + _bool(20, p.get("uniqueItems")))
-    return _bytes(1, _bytes(2, _bytes(3, query)))
+    """ParametersItem{1: Parameter{2: NonBodyParameter{3: QueryParameterSubSchema, or
+    4: PathParameterSubSchema}}} (their fields for type and uniqueItems differ)."""
+    common = _bool(1, p.get("required")) + _str(2, p.get("in")) + _str(3, p.get("description")) \
+        + _str(4, p.get("name"))
+    if p.get("in") == "path":
+        return _bytes(1, _bytes(2, _bytes(4, common + _str(5, p.get("type")) + _bool(19, p.get("uniqueItems")))))
+    return _bytes(1, _bytes(2, _bytes(3, common + _str(6, p.get("type")) + _bool(20, p.get("uniqueItems")))))
 
 
 def _responses(responses: dict[str, Any]) -> bytes:
@@ -131,11 +134,16 @@ def _operation(op: dict[str, Any]) -> bytes:
 _METHODS = {"get": 2, "put": 3, "post": 4, "delete": 5, "options": 6, "head": 7, "patch": 8}
 
 
+def _path_item(item: dict[str, Any]) -> bytes:
+    """PathItem{2..8: the methods' Operations, 9: the path's parameters}."""
+    return (b"".join(_bytes(_METHODS[m], _operation(op)) for m, op in item.items() if m in _METHODS)
+            + b"".join(_bytes(9, _parameter(p)) for p in item.get("parameters", [])))
+
+
 def document(doc: dict[str, Any]) -> bytes:
     """A Document message: {1: swagger, 2: Info, 8: Paths, 9: Definitions}."""
     info = doc.get("info", {})
-    paths = b"".join(_bytes(2, _str(1, path) + _bytes(2, b"".join(_bytes(_METHODS[m], _operation(op))
-                                                                      for m, op in item.items() if m in _METHODS)))
+    paths = b"".join(_bytes(2, _str(1, path) + _bytes(2, _path_item(item)))
                      for path, item in doc.get("paths", {}).items())
     definitions = b"".join(_bytes(1, _str(1, name) + _bytes(2, schema(s)))
                            for name, s in doc.get("definitions", {}).items())

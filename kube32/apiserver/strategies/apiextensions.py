@@ -330,6 +330,7 @@ class CustomResourceStrategy(Strategy):
     # names a field every stored object has (the registry sets apiVersion first).
     spec_fields = ("apiVersion",)
     name_rule = "subdomain"
+    typed = False                # its nulls are the schema's to judge (nullable)
     schema: Obj = {}
     printer_columns: list[Obj] = []
     scale: Obj | None = None     # the version's scale subresource (specReplicasPath...), if any

@@ -128,3 +128,18 @@ class EventStrategy(Strategy):
                 f"{(io.get('kind') or '').lower()}/{io.get('name', '')}", io.get("fieldPath", ""),
                 ", ".join(v for v in (src.get("component"), src.get("host")) if v),
                 obj.get("message", ""), meta.age(obj, first), obj.get("count", 1), objects.name(obj)]
+
+
+class NotRunStrategy(Strategy):
+    """A common Kubernetes kind that Kube32 does not run (StatefulSets, volumes, Ingresses,
+    metric autoscalers): served for reading only, always empty, so that clients which
+    sweep every common kind (``kubectl apply --prune``'s default list, ``kubectl get
+    all``, Helm's lookups) work; a write is refused (405) with ``why``."""
+    has_status = False
+
+    def __init__(self, kind: str, why: str) -> None:
+        self.kind = kind   # type: ignore[misc]
+        self.why = why
+
+    def verb_refusal(self, plural: str) -> str:
+        return f"Kube32 does not run {plural}: {self.why}"
