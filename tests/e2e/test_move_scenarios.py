@@ -672,7 +672,7 @@ def test_draining_the_target_of_a_move_under_way_keeps_the_pod_and_its_state(c):
     assert "the pod runs on sim-1 again, with its state" in out, out
     st2 = c.counters(pod)
     assert (st2["requests"], st2["restored_calls"]) == (st["requests"] + 1, 1), (st2, cp.stdout, cp.stderr)
-    assert cp.returncode == 0 and "being restored here" in cp.stdout + cp.stderr, (cp.stdout, cp.stderr)
+    assert cp.returncode == 0, (cp.stdout, cp.stderr)
     assert c.node_of(pod) == "sim-1", (cp.stdout, cp.stderr)
 
 
