@@ -538,3 +538,46 @@ spec: {{selector: {{app: d}}, ports: [{{port: 80}}]}}
     assert "deployment.apps/d" in out and "service/s" in out
     p = k.kubectl("apply", "-n", ns, "-f", "-", "-l", "set=p", "--prune", input=full.split("---")[0])
     assert "deployment.apps/d pruned" in p.stdout and "service/s pruned" in p.stdout, p.stdout + p.stderr
+
+
+# ---------------------------------------------------------------------------
+# 5. A watch resumed from a move's DELETED sends that DELETED again.
+
+
+def test_watch_resumed_from_the_deleted_does_not_send_it_again(c: Any, ns: str) -> None:
+    """Kubernetes: a watch from resourceVersion R sends the changes after R (API
+    concepts, "Efficient detection of changes"); a client resuming from the last
+    event it got never gets that event again.  Kube32 sends a move's DELETED to a
+    watch started at the DELETED's own resourceVersion (that keeps a list at R plus a
+    watch from R whole, as the list at R still holds the old pod), so a client that
+    got the DELETED, lost its connection and resumed from it (kopf, a reflector, any
+    `resourceVersion=<last>` loop) sees the same pod deleted twice."""
+    pod = k.run_pod(c, ns, "p", node="sim-1")
+    evs = _move_events(c, ns, pod["metadata"]["resourceVersion"], 1)
+    d_rv, uid = [(rv, u) for (t, rv, u) in evs if t == "DELETED"][0]
+    resumed = [(e["type"], e["object"]["metadata"]["uid"]) for e in
+               k.watch_lines(c, f"/api/v1/namespaces/{ns}/pods", {"resourceVersion": d_rv, "timeoutSeconds": 1})]
+    assert ("DELETED", uid) not in resumed, f"resumed from {d_rv}: {resumed}"
+
+
+def test_client_node_informer_through_three_moves(c: Any, ns: str) -> None:
+    """Holds: @kubernetes/client-node's informer sees delete(old uid)/add(new uid) per
+    move and ends with one pod in its cache."""
+    nm = k.REPO / "tests" / "e2e" / "nodeclient" / "node_modules"
+    if not (nm / "@kubernetes" / "client-node").exists():
+        pytest.skip("cd tests/e2e/nodeclient && npm ci")
+    k.run_pod(c, ns, "p", node="sim-1")
+    p = subprocess.Popen(["node", str(k.REPO / "tests" / "attack" / "informer23c.mjs"), str(nm), ns],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, KUBECONFIG=str(k.KUBECONFIG)))
+    time.sleep(3)
+    for _ in range(3):
+        k.move(ns, "p")
+        time.sleep(0.5)
+    time.sleep(2)
+    out, err = p.communicate("", timeout=30)
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    cache = [x for x in lines if x["ev"] == "cache"]
+    assert cache, out + err
+    assert cache[0]["uids"] == [c.get(f"/api/v1/namespaces/{ns}/pods/p").json()["metadata"]["uid"]], out
+    assert sum(1 for x in lines if x["ev"] == "delete") == 3, out
