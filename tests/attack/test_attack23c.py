@@ -220,7 +220,7 @@ def test_crd_list_type_duplicates_refused(c: Any, ns: str, listcrd: Any) -> None
 
 
 def _bodies(img: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    tmpl = {"metadata": {"labels": {"app": "z"}}, "spec": {"containers": [{"name": "main", "image": img}]}}
+    tmpl: dict[str, Any] = {"metadata": {"labels": {"app": "z"}}, "spec": {"containers": [{"name": "main", "image": img}]}}
     return {
         "deployment": ("apis/apps/v1/namespaces/{ns}/deployments", {
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -392,7 +392,7 @@ def test_python_client_watch_resumed_through_moves_keyed_on_uid(c: Any, ns: str)
     from kubernetes import config as kcfg
     from kubernetes import watch as kw
     kcfg.load_kube_config(str(k.KUBECONFIG))
-    v1 = kc.CoreV1Api()
+    v1: Any = kc.CoreV1Api()
     k.run_pod(c, ns, "p", node="sim-1", labels={"app": "p"})
     lst = v1.list_namespaced_pod(ns, label_selector="app=p")
     store = {p.metadata.uid for p in lst.items}
