@@ -261,7 +261,8 @@ def test_kubectl_autoscale_is_either_served_or_refused_cleanly() -> None:
     kubectl("apply", "-f", "-", input=dep(name, 1))
     p = kubectl("autoscale", f"deploy/{name}", "--min=1", "--max=2", "--cpu-percent=50", check=False)
     kubectl("delete", "deploy", name, "--wait=false")
-    assert p.returncode == 0, p.stderr
+    # Kube32 lists HorizontalPodAutoscalers but does not run them: a clean refusal saying why
+    assert p.returncode == 0 or ("MethodNotAllowed" in p.stderr and "Kube32 does not run" in p.stderr), p.stderr
 
 
 # --------------------------------------------------------------------------- concurrent writers
@@ -279,7 +280,8 @@ def test_concurrent_patches_without_resource_version_never_conflict(api: Api, pt
     object (GuaranteedUpdate): two `kubectl annotate` or two controllers patching one
     object both succeed.  A 409 is only for a patch that names a stale resourceVersion."""
     name = uniq("hammer")
-    kubectl("create", "cm", name)
+    # a JSON patch's "add" needs /data to exist (RFC 6902 4.1; kube-apiserver answers 422 too)
+    kubectl("create", "cm", name, "--from-literal=seed=1")
 
     def one(i: int) -> tuple[int, str]:
         body = (f'[{{"op":"add","path":"/data/k{i}","value":"v"}}]' if "json-patch" in ptype
@@ -292,7 +294,7 @@ def test_concurrent_patches_without_resource_version_never_conflict(api: Api, pt
     kubectl("delete", "cm", name)
     bad = [r for r in res if r[0] != 200]
     assert not bad, f"{len(bad)} of 60 patches failed, e.g. {bad[0]}"
-    assert len(data) == 60
+    assert len(data) == 61
 
 
 def test_concurrent_server_side_applies_of_disjoint_fields_never_conflict(api: Api) -> None:
