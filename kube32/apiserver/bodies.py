@@ -42,7 +42,7 @@ import yaml
 from aiohttp import web
 
 from ..serving import BODY_TIMEOUT
-from . import errors, jsonshape, offload, protobuf, yamlbody
+from . import errors, jsonshape, offload, protobuf, typedfields, yamlbody
 from .limits import MAX_BODY, MAX_DECODED, MAX_DEPTH, MAX_VALUES, out_of_range
 from .resources import Resource
 
@@ -240,11 +240,16 @@ async def decode_async(raw: bytes, ctype: str, what: str) -> Any:
 
 
 def check_fields(res: Resource, obj: Any, validation: str, *, status_only: bool = False) -> list[str]:
-    """Strict: 400 on unknown fields.  Warn: return warnings.  Ignore: nothing."""
-    if not isinstance(obj, dict) or validation == "Ignore":
+    """Strict: 400 on unknown fields.  Warn: return warnings.  Ignore: nothing.  A built-in
+    kind's unknown fields are dropped from ``obj`` whatever the validation, as its typed
+    decoding drops them in kube-apiserver (:mod:`.typedfields`)."""
+    if not isinstance(obj, dict):
         return []
     try:
-        unknown = res.strategy.unknown_fields(obj)
+        typed = typedfields.prune_unknown(res, obj)
+        if validation == "Ignore":
+            return []
+        unknown = res.strategy.unknown_fields(obj) if typed is None else typed
     except (TypeError, AttributeError, KeyError, ValueError, IndexError) as e:
         # A field of the wrong shape (a list where an object goes...): the client's error.
         raise errors.bad_request(f'{res.kind} in version "{res.version}" cannot be handled as a '

@@ -144,6 +144,23 @@ def test_a_null_field_of_a_job_is_unset_and_the_job_runs(cluster: ControlPlane) 
     cluster.kubectl("delete", "job", "nulls", "--wait=false")
 
 
+def test_a_typo_in_a_deployment_spec_is_an_error_for_kubectl_and_dropped_when_not_validated(
+        cluster: ControlPlane) -> None:
+    """kubectl apply sends fieldValidation=Strict: a field the kind does not have is a 400
+    (`strict decoding error: unknown field "spec.replica"`, as kube-apiserver); with
+    --validate=false (Ignore) it is dropped, never stored (attack round 23c)."""
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "typo"},
+           "spec": {"replica": 3, "selector": {"matchLabels": {"app": "typo"}},
+                    "template": {"metadata": {"labels": {"app": "typo"}},
+                                 "spec": {"containers": [{"name": "c", "image": "x", "imagePullPolicy": "Never"}]}}}}
+    out = cluster.kubectl("apply", "-f", "-", input=json.dumps(dep), check=False)
+    assert out.returncode != 0 and 'strict decoding error: unknown field "spec.replica"' in out.stderr, out.stderr
+    cluster.kubectl("apply", "--validate=false", "-f", "-", input=json.dumps(dep))
+    stored = json.loads(cluster.kubectl("get", "deploy", "typo", "-o", "json").stdout)
+    cluster.kubectl("delete", "deploy", "typo", "--wait=false")
+    assert "replica" not in stored["spec"] and stored["spec"]["replicas"] == 1
+
+
 def test_kr8s_and_pykube_ng_reach_checkpoints(cluster: ControlPlane) -> None:
     import kr8s
     import pykube

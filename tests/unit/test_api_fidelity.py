@@ -194,3 +194,25 @@ def test_a_null_field_of_a_built_in_kind_is_the_field_unset_then_defaulted(tmp_p
         finally:
             await store.close()
     asyncio.run(go())
+
+
+def test_a_built_in_kinds_unknown_fields_are_found_by_its_schema_and_dropped() -> None:
+    """As kube-apiserver's typed decoding: every member a built-in kind's schema does not
+    name, at any depth, is reported as kube-apiserver words its path and dropped (attack
+    round 23c: spec.replica of a Deployment, a Service port's targetport were stored)."""
+    from kube32.apiserver import typedfields
+    from kube32.apiserver.resources import by_plural
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x", "labels": {"any": "b"}},
+           "spec": {"replica": 3, "selector": {"matchLabels": {"a": "b"}},
+                    "strategy": {"rollingUpdate": {"maxSurge": "25%"}},
+                    "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [
+                        {"name": "c", "image": "x", "resources": {"limits": {"memory": "1Mi"}},
+                         "ports": [{"containerPort": 1, "prot": "TCP"}]}]}}}}
+    assert typedfields.prune_unknown(by_plural("deployments"), dep) == [
+        "spec.replica", "spec.template.spec.containers[0].ports[0].prot"]
+    assert "replica" not in dep["spec"] and dep["metadata"]["labels"] == {"any": "b"}
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+           "spec": {"selectr": {"a": "b"}, "ports": [{"port": 80, "targetport": 1}]}}
+    assert typedfields.prune_unknown(by_plural("services"), svc) == ["spec.selectr", "spec.ports[0].targetport"]
+    # a kind without a vendored schema is its strategy's to judge
+    assert typedfields.prune_unknown(by_plural("checkpoints"), {"spec": {"x": 1}}) is None
