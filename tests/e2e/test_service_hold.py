@@ -246,7 +246,7 @@ def test_the_bound_ends_with_the_503_the_request_would_have_had(control_plane: C
 
 def test_the_annotation_is_checked_when_the_service_is_written(control_plane: ControlPlane, lab: Any) -> None:
     cp = control_plane
-    for value, why in (("forever", '"forever" is not a duration (e.g. 500ms, 2s, 1m)'),
+    for value, why in (("forever", '"forever" is not a duration (e.g. 500ms, 10s, 1m) or a number of seconds'),
                        ("2m", '"2m" is more than the longest hold, 60s')):
         out = cp.kubectl("annotate", "service", "svc", f"kube32.io/hold-requests={value}", "--overwrite",
                          check=False)
