@@ -80,6 +80,7 @@ Obj = dict[str, Any]
 
 VIOLATION = "Cannot evict pod as it would violate the pod's disruption budget."
 REFUSALS_KEPT = 4096   # "being restored here" refusals remembered for the clients' retries
+ANSWERED_TRIES = 5     # marking a move eviction-answered, against other API servers' writes (~1.5 s)
 
 
 @dataclass(frozen=True)
@@ -204,15 +205,22 @@ class EvictionHandler:
         says the pod left: should it roll back later, the pod does not go back to its source
         while that node is cordoned (a drain was told it had gone).  The move as marked
         (it may have rolled back just before), or None when it is gone."""
-        try:
-            marked, _ = await self.registry.patch(
-                by_plural("checkpoints"), objects.namespace(move), objects.name(move), PATCH_MERGE,
-                {"metadata": {"annotations": {Annotation.EVICTION_ANSWERED: "true"}}})
-        except errors.APIError as e:
-            if e.code == 404:
-                return None
-            raise
-        return marked
+        for attempt in range(ANSWERED_TRIES):
+            try:
+                marked, _ = await self.registry.patch(
+                    by_plural("checkpoints"), objects.namespace(move), objects.name(move), PATCH_MERGE,
+                    {"metadata": {"annotations": {Annotation.EVICTION_ANSWERED: "true"}}})
+                return marked
+            except errors.APIError as e:
+                if e.code == 404:
+                    return None
+                # Another API server's controllers write the move at that moment (a leader's
+                # failover resyncs them all): the registry's retries ran out; wait a little,
+                # boundedly, rather than answer kubectl drain a 409 it does not retry.
+                if e.code != 409 or attempt == ANSWERED_TRIES - 1:
+                    raise
+                await asyncio.sleep(0.05 * 2 ** attempt)
+        return None
 
     async def _move_restoring(self, pod: Obj) -> Obj | None:
         """The move under way whose replacement ``pod`` is, if it is one: deleting it would
