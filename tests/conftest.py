@@ -102,6 +102,20 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.1, what: str = 
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+async def until(predicate, timeout: float = 30.0, what: str = "condition"):
+    """The first truthy value of ``await predicate()``, asked every 50 ms; AssertionError
+    naming ``what`` after ``timeout`` seconds (the async sibling of :func:`wait_for`)."""
+    import asyncio
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
 @dataclass
 class ControlPlane:
     data_dir: Path

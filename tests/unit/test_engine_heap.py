@@ -14,6 +14,7 @@ from kube32.client import NODES, PODS, Client
 from kube32.kubelet import Kubelet, KubeletOptions
 from kube32.sim.controlplane import ControlPlane, ControlPlaneOptions
 from kube32.wasm import Runtime
+from tests.conftest import until
 from kube32.wasm.engine_pwasm import DECODED_BYTES_PER_INSTRUCTION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,15 +60,8 @@ def _pod(name: str, image: str, node: str) -> dict[str, Any]:
             "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{"name": "main", "image": image}]}}
 
 
-async def _until(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+def _until(predicate, timeout: float = 30.0, what: str = "condition"):
+    return until(predicate, timeout, what)
 
 
 @in_loop

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import until
+
 from kube32.apiserver.images import ExportParseError, module_exports
 from kube32.client import NODES, PODS, Client
 from kube32.kubelet import Kubelet, KubeletOptions
@@ -148,15 +150,8 @@ async def test_pod_config_names_what_is_missing() -> None:
         await pod_config(FakeClient({}), _pod(resources={"limits": {"memory": "lots"}}), "1")  # type: ignore[arg-type]
 
 
-async def _until(predicate, timeout: float = 20.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+def _until(predicate, timeout: float = 20.0, what: str = "condition"):
+    return until(predicate, timeout, what)
 
 
 @in_loop
