@@ -120,7 +120,7 @@ from datetime import datetime, timezone
 from typing import AbstractSet as Set, Any, Iterable, Mapping
 
 from .. import objects
-from .jsoncopy import copy_json
+from .jsoncopy import copy_json, drop_nulls
 from .limits import JSON_PATCH_MAX_COPY_BYTES, MAX_DEPTH, MAX_JSON_PATCH_OPERATIONS
 
 __all__ = [
@@ -696,11 +696,10 @@ def _compact(value: Any) -> str:
 
 
 def _drop_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_drop_nulls(v) for v in value]
-    return value
+    """A copy of ``value`` without its objects' null members."""
+    out = copy_json(value)
+    drop_nulls(out)
+    return out
 
 
 def _owned_paths(value: Any, rule: _Rule | None, prefix: _Path, top: bool = False,
