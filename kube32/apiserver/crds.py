@@ -37,6 +37,7 @@ from typing import Any
 from .. import objects
 from . import errors
 from .openapi import documents as openapi_documents
+from .patch import rules_from_openapi
 from .registry import Registry
 from .resources import RESOURCES, Resource, Subresource, by_plural
 from .strategies.apiextensions import (CLEANUP_FINALIZER, ESTABLISHED, TERMINATING, custom_strategy,
@@ -83,7 +84,8 @@ def resources_of(crd: Obj) -> list[Resource]:
         out.append(Resource(spec["group"], v["name"], names["plural"], names.get("singular", ""), names["kind"],
                             spec.get("scope") == "Namespaced", strategy,
                             tuple(names.get("shortNames") or ()), tuple(names.get("categories") or ()),
-                            subs, schema=strategy.schema, custom=True))
+                            subs, schema=strategy.schema, custom=True,
+                            field_rules=rules_from_openapi(strategy.schema)))
     return out
 
 

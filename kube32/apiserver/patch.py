@@ -70,23 +70,28 @@ Strategic merge patch (Kubernetes SMP for built-in kinds)
 Server-side apply (practical subset of structured-merge-diff)
     ``server_side_apply(live, applied, manager, force, kind)`` upserts: with no live
     object the applied config (minus nulls) is the object.  Otherwise the applied
-    config is merged into live with the SMP table's list semantics: maps
-    recursively, keyed lists item by item (live order kept, new items appended),
-    primitive merge lists as a set union, every other list replaced.
+    config is merged into live with the kind's field rules: a built-in kind's are the
+    SMP table's (``rules_for_kind``), a custom resource's come from its schema
+    (``rules_from_openapi``: ``x-kubernetes-list-type`` map/set, ``x-kubernetes-map-type``
+    atomic).  Maps merge recursively, keyed lists item by item (live order kept, new
+    items appended), set lists as a set union, atomic maps and every other list are
+    replaced.
 
     Ownership is recorded in ``metadata.managedFields`` exactly in the Kubernetes
     wire form: one entry per (manager, operation) with ``fieldsType: FieldsV1`` and a
     ``fieldsV1`` tree whose keys are ``f:<field>``, ``k:<compact JSON of the merge
     key>`` for keyed-list items, ``v:<JSON value>`` for set-list values and ``.``
     for "the item itself".  An applier owns every leaf it sets (scalars, replaced
-    lists, empty maps), plus each keyed item (``.``) and each set value it lists.
+    lists, atomic maps, empty maps), plus each keyed item (``.``) and each set value it lists.
     Identity and server-owned fields (apiVersion, kind, metadata.name/namespace/uid/
     resourceVersion/generation/creationTimestamp/managedFields …) are never owned.
 
     Rules:
-    * a leaf the applier sets to a value different from live, owned by another
-      manager (operation ``Apply``, or ``Update``: a plain write, ``kubectl scale``,
-      a client-side apply), is a conflict.  Without ``force`` all conflicts are
+    * a leaf the applier sets, owned by another manager (operation ``Apply``, or
+      ``Update``: a plain write, ``kubectl scale``, a client-side apply), whose value
+      in live merged with the config differs from live's, is a conflict (judged
+      before the pruning below, as structured-merge-diff does: dropping one's own
+      fields never conflicts).  Without ``force`` all conflicts are
       raised together in one ``ApplyConflict``; with ``force`` the other managers
       lose those fields (and anything below them).
     * a field this manager owned before and no longer applies is deleted from the
@@ -95,9 +100,11 @@ Server-side apply (practical subset of structured-merge-diff)
       fields are kept).
     * entries that end up owning nothing are dropped (the caller's own too).
     * ``null`` in an applied config means "not specified".
-    Keyed lists use a single merge key (upstream container ports use
-    ``containerPort`` + ``protocol``).  Status handling, resourceVersion checks and
-    the ``kubectl-last-applied`` follow-up request are the caller's business.
+    Built-in keyed lists use a single merge key (upstream container ports use
+    ``containerPort`` + ``protocol``); a custom resource's use all its list-map-keys,
+    a key the schema defaults filled in where an applied item leaves it out.  Status
+    handling, resourceVersion checks and the ``kubectl-last-applied`` follow-up request
+    are the caller's business.
 
 Plain writes (``record_update``)
     Every other write (create, update, merge/JSON/strategic patch, a subresource's)
@@ -134,6 +141,9 @@ __all__ = [
     "server_side_apply",
     "record_update",
     "is_strategic_kind",
+    "FieldRules",
+    "rules_for_kind",
+    "rules_from_openapi",
     "BUILTIN_KINDS",
 ]
 
@@ -376,53 +386,72 @@ def json_patch(target: dict, ops: list, *, max_operations: int = MAX_JSON_PATCH_
 
 @dataclass(frozen=True, eq=False)
 class _Struct:
-    """A map whose named fields have special strategies; other fields are plain."""
+    """A map whose named fields have special strategies (``other``: the strategy of
+    every field not named, a schema's additionalProperties); other fields are plain."""
     fields: Mapping[str, "_Rule"] = field(default_factory=dict)
+    other: "_Rule | None" = None
 
 
 @dataclass(frozen=True, eq=False)
 class _KeyedList:
-    """patchStrategy=merge with patchMergeKey=key: a list of maps merged by key."""
-    key: str
+    """A list of maps merged item by item on their merge keys: patchStrategy=merge with
+    patchMergeKey (strategic merge patch merges on the first key only, as upstream's
+    single patchMergeKey), or x-kubernetes-list-type map with its list-map-keys.
+    ``defaults``: a key's value where an applied item leaves it out (the schema's
+    default; a key without one must be given)."""
+    keys: tuple[str, ...]
     item: _Struct = field(default_factory=_Struct)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.keys[0]
 
 
 @dataclass(frozen=True, eq=False)
 class _SetList:
-    """patchStrategy=merge on a list of scalars: set union."""
+    """patchStrategy=merge on a list of scalars (x-kubernetes-list-type set): set union."""
 
 
-_Rule = _Struct | _KeyedList | _SetList
+@dataclass(frozen=True, eq=False)
+class _AtomicMap:
+    """x-kubernetes-map-type atomic: one field, owned and applied whole."""
+
+
+_Rule = _Struct | _KeyedList | _SetList | _AtomicMap
+FieldRules = _Struct
+"""How a kind's fields merge and are owned: :func:`rules_for_kind` (built-in kinds),
+:func:`rules_from_openapi` (a custom resource's schema)."""
 _PLAIN = _Struct()
 
 
 def _child_rule(rule: _Rule | None, name: str) -> _Rule | None:
-    return rule.fields.get(name) if isinstance(rule, _Struct) else None
+    return rule.fields.get(name, rule.other) if isinstance(rule, _Struct) else None
 
 
 def _as_struct(rule: _Rule | None) -> _Struct:
     return rule if isinstance(rule, _Struct) else _PLAIN
 
 
-_CONDITIONS = _KeyedList("type")
-_META = _Struct({"ownerReferences": _KeyedList("uid"), "finalizers": _SetList()})
+_CONDITIONS = _KeyedList(("type",))
+_META = _Struct({"ownerReferences": _KeyedList(("uid",)), "finalizers": _SetList()})
 _CONTAINER = _Struct({
-    "env": _KeyedList("name"),
-    "ports": _KeyedList("containerPort"),
-    "volumeMounts": _KeyedList("mountPath"),
-    "volumeDevices": _KeyedList("devicePath"),
-    "resizePolicy": _KeyedList("resourceName"),
+    "env": _KeyedList(("name",)),
+    "ports": _KeyedList(("containerPort",)),
+    "volumeMounts": _KeyedList(("mountPath",)),
+    "volumeDevices": _KeyedList(("devicePath",)),
+    "resizePolicy": _KeyedList(("resourceName",)),
 })
 _POD_SPEC = _Struct({
-    "containers": _KeyedList("name", _CONTAINER),
-    "initContainers": _KeyedList("name", _CONTAINER),
-    "ephemeralContainers": _KeyedList("name", _CONTAINER),
-    "volumes": _KeyedList("name"),
-    "imagePullSecrets": _KeyedList("name"),
-    "hostAliases": _KeyedList("ip"),
-    "topologySpreadConstraints": _KeyedList("topologyKey"),
-    "resourceClaims": _KeyedList("name"),
-    "schedulingGates": _KeyedList("name"),
+    "containers": _KeyedList(("name",), _CONTAINER),
+    "initContainers": _KeyedList(("name",), _CONTAINER),
+    "ephemeralContainers": _KeyedList(("name",), _CONTAINER),
+    "volumes": _KeyedList(("name",)),
+    "imagePullSecrets": _KeyedList(("name",)),
+    "hostAliases": _KeyedList(("ip",)),
+    "topologySpreadConstraints": _KeyedList(("topologyKey",)),
+    "resourceClaims": _KeyedList(("name",)),
+    "schedulingGates": _KeyedList(("name",)),
 })
 _POD_TEMPLATE = _Struct({"metadata": _META, "spec": _POD_SPEC})
 _STATUS_WITH_CONDITIONS = _Struct({"conditions": _CONDITIONS})
@@ -437,8 +466,8 @@ _KIND_SCHEMAS: dict[str, _Struct] = {
     "Pod": _Struct({
         "metadata": _META,
         "spec": _POD_SPEC,
-        "status": _Struct({"conditions": _CONDITIONS, "podIPs": _KeyedList("ip"),
-                           "hostIPs": _KeyedList("ip")}),
+        "status": _Struct({"conditions": _CONDITIONS, "podIPs": _KeyedList(("ip",)),
+                           "hostIPs": _KeyedList(("ip",))}),
     }),
     "PodTemplate": _Struct({"metadata": _META, "template": _POD_TEMPLATE}),
     "Deployment": _TEMPLATED,
@@ -451,16 +480,16 @@ _KIND_SCHEMAS: dict[str, _Struct] = {
         {"template": _POD_TEMPLATE})})})),
     "Service": _Struct({
         "metadata": _META,
-        "spec": _Struct({"ports": _KeyedList("port")}),
+        "spec": _Struct({"ports": _KeyedList(("port",))}),
         "status": _STATUS_WITH_CONDITIONS,
     }),
     "Node": _Struct({
         "metadata": _META,
         "spec": _Struct({"podCIDRs": _SetList()}),
-        "status": _Struct({"conditions": _CONDITIONS, "addresses": _KeyedList("type")}),
+        "status": _Struct({"conditions": _CONDITIONS, "addresses": _KeyedList(("type",))}),
     }),
     "Namespace": _workload(_PLAIN),
-    "ServiceAccount": _Struct({"metadata": _META, "secrets": _KeyedList("name")}),
+    "ServiceAccount": _Struct({"metadata": _META, "secrets": _KeyedList(("name",))}),
 }
 _META_ONLY = _Struct({"metadata": _META})
 BUILTIN_KINDS: frozenset[str] = frozenset(_KIND_SCHEMAS) | {
@@ -475,8 +504,62 @@ def is_strategic_kind(kind: str) -> bool:
     return kind in BUILTIN_KINDS
 
 
-def _schema_for(kind: str) -> _Struct:
+def rules_for_kind(kind: str) -> FieldRules:
+    """The field rules of a built-in kind (ObjectMeta's alone for a kind not in the
+    table; none but plain maps and atomic lists for any other kind)."""
     return _KIND_SCHEMAS.get(kind, _META_ONLY if kind in BUILTIN_KINDS else _PLAIN)
+
+
+def _schema_for(kind: str | FieldRules) -> FieldRules:
+    return kind if isinstance(kind, _Struct) else rules_for_kind(kind)
+
+
+def rules_from_openapi(schema: Any) -> FieldRules:
+    """Server-side apply's field rules of a custom resource, from its structural
+    openAPIV3Schema, as structured-merge-diff reads one: an array with
+    ``x-kubernetes-list-type: map`` is a keyed list on its ``x-kubernetes-list-map-keys``
+    (a key's ``default`` fills an applied item that leaves it out), ``set`` a set list,
+    any other array atomic (a CRD's default); an object with ``x-kubernetes-map-type:
+    atomic`` is one field; other objects are granular maps, their additionalProperties'
+    rules applying to every key.  ObjectMeta has its built-in rules.  Only what differs
+    from a plain map is kept, so a schema with no such markers costs nothing at apply."""
+    rules = _rule_from_openapi(schema, 0)
+    top = rules if isinstance(rules, _Struct) else _PLAIN
+    return _Struct({**top.fields, "metadata": _META}, top.other)
+
+
+_MAX_SCHEMA_DEPTH = 64   # deeper schemas are plain below (a CRD's body is bounded anyway)
+
+
+def _rule_from_openapi(schema: Any, depth: int) -> _Rule | None:
+    """The rule of one schema node, None where it is plain (a scalar, an atomic list, a
+    granular map with nothing special below)."""
+    if not isinstance(schema, dict) or depth > _MAX_SCHEMA_DEPTH:
+        return None
+    if schema.get("x-kubernetes-map-type") == "atomic":
+        return _AtomicMap()
+    list_type = schema.get("x-kubernetes-list-type")
+    if list_type == "set":
+        return _SetList()
+    items = schema.get("items")
+    if list_type == "map":
+        keys = schema.get("x-kubernetes-list-map-keys")
+        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+            return None   # not structural: the CRD's validation refuses it
+        item = _rule_from_openapi(items, depth + 1)
+        props = items.get("properties") if isinstance(items, dict) else None
+        defaults = {k: props[k]["default"] for k in keys
+                    if isinstance(props, dict) and isinstance(props.get(k), dict) and "default" in props[k]}
+        return _KeyedList(tuple(keys), item if isinstance(item, _Struct) else _PLAIN, defaults)
+    fields: dict[str, _Rule] = {}
+    props = schema.get("properties")
+    for name, child in (props.items() if isinstance(props, dict) else ()):
+        rule = _rule_from_openapi(child, depth + 1)
+        if rule is not None:
+            fields[name] = rule
+    extra = schema.get("additionalProperties")
+    other = _rule_from_openapi(extra, depth + 1) if isinstance(extra, dict) else None
+    return _Struct(fields, other) if fields or other is not None else None
 
 
 # ------------------------------------------------------------ strategic merge patch
@@ -582,10 +665,23 @@ def _item_key(item: Any, key: str, where: str) -> Any:
 
 
 def _find_keyed(items: list, key: str, value: Any) -> int | None:
+    return _find_item(items, {key: value})
+
+
+def _find_item(items: list, keys: Mapping[str, Any]) -> int | None:
+    """The index of the first map of ``items`` with every one of ``keys``' values."""
     for index, item in enumerate(items):
-        if isinstance(item, dict) and key in item and _json_equal(item[key], value):
+        if isinstance(item, dict) and all(k in item and _json_equal(item[k], v) for k, v in keys.items()):
             return index
     return None
+
+
+def _keys_of(item: dict, rule: _KeyedList) -> dict[str, Any]:
+    return {k: item[k] for k in rule.keys}
+
+
+def _keys_string(keys: Mapping[str, Any]) -> str:
+    return "[" + ",".join(f"{k}={json.dumps(v)}" for k, v in keys.items()) + "]"
 
 
 def _merge_keyed_list(original: list, patch: list, rule: _KeyedList, where: str) -> list:
@@ -716,12 +812,12 @@ def _owned_paths(value: Any, rule: _Rule | None, prefix: _Path, top: bool = Fals
             child = {k: v for k, v in child.items() if k not in _UNOWNED_META}
             if not child:
                 continue
-        if isinstance(child, dict) and child:
+        if isinstance(child, dict) and child and not isinstance(child_rule, _AtomicMap):
             paths |= _owned_paths(child, _as_struct(child_rule), path, lenient=lenient)
         elif (isinstance(child, list) and child and isinstance(child_rule, _KeyedList)
-              and (not lenient or _keyed(child, child_rule.key))):
+              and (not lenient or _keyed(child, child_rule.keys))):
             for item in child:
-                item_path = path + (f"k:{_compact({child_rule.key: item[child_rule.key]})}",)
+                item_path = path + (f"k:{_compact(_keys_of(item, child_rule))}",)
                 paths.add(item_path + (".",))
                 paths |= _owned_paths(item, child_rule.item, item_path, lenient=lenient)
         elif (isinstance(child, list) and child and isinstance(child_rule, _SetList)
@@ -733,24 +829,44 @@ def _owned_paths(value: Any, rule: _Rule | None, prefix: _Path, top: bool = Fals
 
 
 def _check_applied_lists(value: Any, rule: _Rule | None, where: str) -> None:
-    """Keyed lists in an applied config need unique merge keys on every element."""
+    """Keyed lists in an applied config need all their merge keys on every element
+    (a key the schema defaults is filled in, in place: ``value`` is the caller's own
+    copy), no two elements alike."""
     if isinstance(value, dict):
+        if isinstance(rule, _AtomicMap):
+            return
         for name, child in value.items():
             _check_applied_lists(child, _child_rule(_as_struct(rule), name), f"{where}.{name}")
     elif isinstance(rule, (_KeyedList, _SetList)) and not isinstance(value, list):
         raise PatchError(f"{where}: expected a list, got {json.dumps(value)}")
     elif isinstance(value, list) and isinstance(rule, _KeyedList):
-        seen: list[Any] = []
+        seen: list[dict] = []
         for item in value:
-            key = _item_key(item, rule.key, where)
-            if any(_json_equal(key, s) for s in seen):
-                raise PatchError(f"{where}: duplicate entries for key [{rule.key}={json.dumps(key)}]")
-            seen.append(key)
-            _check_applied_lists(item, rule.item, f"{where}[{rule.key}={json.dumps(key)}]")
+            keys = _applied_keys(item, rule, where)
+            if any(_json_equal(keys, s) for s in seen):
+                raise PatchError(f"{where}: duplicate entries for key {_keys_string(keys)}")
+            seen.append(keys)
+            _check_applied_lists(item, rule.item, f"{where}{_keys_string(keys)}")
     elif isinstance(value, list) and isinstance(rule, _SetList):
         for item in value:
             if isinstance(item, (dict, list)):
                 raise PatchError(f"{where}: expected a list of scalars, got {json.dumps(item)}")
+
+
+def _applied_keys(item: Any, rule: _KeyedList, where: str) -> dict[str, Any]:
+    """An applied item's merge keys, its defaulted ones filled in."""
+    if not isinstance(item, dict):
+        raise PatchError(f"{where}: list elements must be objects (merged by "
+                         f"{', '.join(map(repr, rule.keys))}), got {json.dumps(item)}")
+    for key in rule.keys:
+        if key not in item and key in rule.defaults:
+            item[key] = copy_json(rule.defaults[key])
+        if key not in item:
+            raise PatchError(f"{where}: element {json.dumps(item)} does not contain the merge key {key!r}"
+                             f"{'' if len(rule.keys) == 1 else ' (and it has no default value)'}")
+        if isinstance(item[key], (dict, list)):
+            raise PatchError(f"{where}: the merge key {key!r} of element {json.dumps(item)} is not a scalar")
+    return _keys_of(item, rule)
 
 
 def _fields_to_tree(paths: Iterable[_Path]) -> dict:
@@ -781,14 +897,22 @@ def _path_string(path: _Path) -> str:
         if element.startswith("f:"):
             out.append("." + element[2:])
         elif element.startswith("k:"):
-            key = json.loads(element[2:])
-            out.append("[" + ",".join(f"{k}={json.dumps(v)}" for k, v in key.items()) + "]")
+            out.append(_keys_string(json.loads(element[2:])))
         elif element.startswith("v:"):
             out.append(f"[={element[2:]}]")
     return "".join(out)
 
 
 _MISSING = object()
+
+
+def _path_keys(element: str) -> dict[str, Any]:
+    """The merge keys of a ``k:`` path element (from a stored entry: anything may be there)."""
+    try:
+        keys = json.loads(element[2:])
+    except ValueError:
+        return {"": _MISSING}
+    return keys if isinstance(keys, dict) and keys else {"": _MISSING}
 
 
 def _locate(obj: Any, path: _Path) -> Any:
@@ -800,8 +924,7 @@ def _locate(obj: Any, path: _Path) -> Any:
         if element.startswith("f:") and isinstance(node, dict):
             node = node.get(element[2:], _MISSING)
         elif element.startswith("k:") and isinstance(node, list):
-            ((key, value),) = json.loads(element[2:]).items()
-            index = _find_keyed(node, key, value)
+            index = _find_item(node, _path_keys(element))
             node = _MISSING if index is None else node[index]
         elif element.startswith("v:") and isinstance(node, list):
             value = json.loads(element[2:])
@@ -829,8 +952,7 @@ def _remove_path(obj: dict, path: _Path) -> None:
     if last.startswith("f:") and isinstance(parent, dict):
         parent.pop(last[2:], None)
     elif last.startswith("k:") and isinstance(parent, list):
-        ((key, value),) = json.loads(last[2:]).items()
-        index = _find_keyed(parent, key, value)
+        index = _find_item(parent, _path_keys(last))
         if index is not None:
             del parent[index]
     elif last.startswith("v:") and isinstance(parent, list):
@@ -850,7 +972,7 @@ def _remove_path(obj: dict, path: _Path) -> None:
 def _apply_merge(live: Any, applied: Any, rule: _Rule | None) -> Any:
     """Merge an applied config (nulls already dropped) into a private copy of live."""
     if isinstance(applied, dict):
-        if not isinstance(live, dict):
+        if not isinstance(live, dict) or isinstance(rule, _AtomicMap):
             return _deep_copy(applied)
         struct = _as_struct(rule)
         for name, value in applied.items():
@@ -859,7 +981,7 @@ def _apply_merge(live: Any, applied: Any, rule: _Rule | None) -> Any:
     if isinstance(applied, list) and isinstance(live, list):
         if isinstance(rule, _KeyedList):
             for item in applied:
-                index = _find_keyed(live, rule.key, item[rule.key])
+                index = _find_item(live, _keys_of(item, rule))
                 if index is None:
                     live.append(_deep_copy(item))
                 else:
@@ -903,9 +1025,11 @@ def _entry(manager: str, operation: str, api_version: Any, now: str, fields: Ite
     return raw
 
 
-def server_side_apply(live: dict | None, applied: dict, manager: str, force: bool, kind: str,
-                      *, now: str | None = None) -> dict:
+def server_side_apply(live: dict | None, applied: dict, manager: str, force: bool,
+                      kind: str | FieldRules, *, now: str | None = None) -> dict:
     """Apply ``applied`` as ``manager``; returns the new object (see module docstring).
+
+    ``kind``: a built-in kind's name, or a custom resource's rules (:func:`rules_from_openapi`).
 
     ``now`` (RFC 3339) stamps the entry this call writes; defaults to the UTC clock.
     Raises ``ApplyConflict`` (409) or ``PatchError`` (bad applied config).
@@ -936,14 +1060,17 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
     others = [e for e in entries if not (e.manager == manager and e.operation == "Apply")]
     previous = next((e for e in entries if e.manager == manager and e.operation == "Apply"), None)
 
-    conflicts = _conflicts(live, config, mine, others)
+    # As structured-merge-diff's Updater.Apply: conflicts are judged on live merged with
+    # the config, before what this manager stopped applying is pruned, so dropping
+    # one's own fields never conflicts (``data: {}`` over another's ``data: {}``).
+    result = _apply_merge(_deep_copy(live), config, schema)
+    conflicts = _conflicts(live, result, mine, others)
     if conflicts and not force:
         raise ApplyConflict(sorted({(_path_string(p), e.manager, _whom(e)) for p, e in conflicts}))
     lost: dict[int, set[_Path]] = {}
     for path, other in conflicts:
         lost.setdefault(id(other), set()).add(path)
 
-    result = _apply_merge(_deep_copy(live), config, schema)
     new_others = [_without(e, lost.get(id(e), set())) for e in others]
     if previous is not None and previous.fields is not None:
         _remove_dropped(result, previous.fields - mine, mine, new_others)
@@ -966,8 +1093,10 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
     return result
 
 
-def _conflicts(live: dict, config: dict, mine: set[_Path],
+def _conflicts(live: dict, merged: dict, mine: set[_Path],
                others: list[_Entry]) -> list[tuple[_Path, _Entry]]:
+    """Each (path, other owner) where a path this manager applies, owned by another,
+    has a value in ``merged`` (live with the config merged in) other than live's."""
     found: list[tuple[_Path, _Entry]] = []
     for path in sorted(mine):
         if path[-1] == ".":
@@ -975,7 +1104,7 @@ def _conflicts(live: dict, config: dict, mine: set[_Path],
         owners = [e for e in others if e.fields is not None and path in e.fields]
         if not owners:
             continue
-        if _json_equal(_locate(config, path), _locate(live, path)):
+        if _json_equal(_locate(merged, path), _locate(live, path)):
             continue
         found.extend((path, owner) for owner in owners)
     return found
@@ -1022,13 +1151,13 @@ def _written_paths(value: Any, rule: _Rule | None, prefix: _Path, top: bool = Fa
     return _owned_paths(value, rule, prefix, top, lenient=True)
 
 
-def _keyed(items: list, key: str) -> bool:
-    """Every item a map with a scalar ``key``, no two alike: the list can be owned item by item."""
+def _keyed(items: list, keys: tuple[str, ...]) -> bool:
+    """Every item a map with scalar ``keys``, no two alike: the list can be owned item by item."""
     seen: set[str] = set()
     for item in items:
-        if not isinstance(item, dict) or isinstance(item.get(key), (dict, list)) or key not in item:
+        if not isinstance(item, dict) or any(k not in item or isinstance(item[k], (dict, list)) for k in keys):
             return False
-        seen.add(_compact(item[key]))
+        seen.add(_compact([item[k] for k in keys]))
     return len(seen) == len(items)
 
 
@@ -1041,7 +1170,7 @@ def _changed(old: dict | None, new: dict, path: _Path) -> bool:
     return was is _MISSING or not _json_equal(was, _locate(new, path))
 
 
-def record_update(old: dict | None, new: dict, manager: str, kind: str, *,
+def record_update(old: dict | None, new: dict, manager: str, kind: str | FieldRules, *,
                   subresource: str | None = None, now: str | None = None) -> None:
     """Record in ``new``'s metadata.managedFields that ``manager`` wrote ``new`` over
     ``old`` (None: created it); see "Plain writes" in the module docstring."""

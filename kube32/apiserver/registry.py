@@ -337,7 +337,7 @@ class Registry:
         if res.plural in self.admit:
             await self.admit[res.plural](res, obj, None)
         if manager:
-            await _pass(big, record_update, None, obj, manager, res.kind)
+            await _pass(big, record_update, None, obj, manager, res.rules)
         if res.namespaced and check_namespace:
             await self.check_namespace_open(ns or "")
         if dry_run:
@@ -610,7 +610,7 @@ class Registry:
         if new == comparable:
             return False
         if manager:
-            record_update(old, new, manager, res.kind, subresource=subresource)
+            record_update(old, new, manager, res.rules, subresource=subresource)
         return True
 
     @asynccontextmanager
@@ -689,7 +689,7 @@ class Registry:
             if patch_type == PATCH_STRATEGIC:
                 return strategic_merge_patch(current, body, res.kind)
             self._check_apply_kind(res, body)
-            return server_side_apply(current, body, manager or "unknown", force, res.kind)
+            return server_side_apply(current, body, manager or "unknown", force, res.rules)
         except ApplyConflict as e:
             raise self._apply_conflict(res, objects.name(current), e) from None
         except PatchError as e:
@@ -716,7 +716,7 @@ class Registry:
             raise errors.bad_request(f'the name of the object ({md["name"]}) does not match the name '
                                      f'on the URL ({name})')
         try:
-            obj = await _pass(big, server_side_apply, None, body, manager or "unknown", force, res.kind)
+            obj = await _pass(big, server_side_apply, None, body, manager or "unknown", force, res.rules)
         except PatchError as e:
             raise errors.APIError(422, "Invalid", f"the applied configuration is invalid: {e}") from None
         obj.setdefault("metadata", {})["name"] = name

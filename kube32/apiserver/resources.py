@@ -56,6 +56,15 @@ class Resource:
     # resource's openAPIV3Schema, kube32.apiserver.crds); None: the OpenAPI module's own.
     schema: Any = None
     custom: bool = False   # defined by a CustomResourceDefinition (kube32.apiserver.crds)
+    # How server-side apply and managedFields merge and own its fields
+    # (kube32.apiserver.patch.FieldRules, from a custom resource's schema); None: the kind's
+    # built-in rules (patch.rules_for_kind).
+    field_rules: Any = None
+
+    @property
+    def rules(self) -> Any:
+        """What kube32.apiserver.patch takes as the kind: its field rules, else its name."""
+        return self.kind if self.field_rules is None else self.field_rules
 
     @property
     def api_version(self) -> str:
@@ -141,6 +150,8 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "customresourcedefinition",
              "CustomResourceDefinition", False, CustomResourceDefinitionStrategy(), ("crd", "crds"),
              ("api-extensions",), subresources=(_status("CustomResourceDefinition"),)),
+    # A pod bound to a node (as pods/binding: kube32.apiserver.server), never stored.
+    Resource("", "v1", "bindings", "binding", "Binding", True, ReviewStrategy(), verbs=("create",)),
     # Answered by the server (kube32.apiserver.authz), never stored: listed for discovery.
     Resource("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "", "SelfSubjectAccessReview",
              False, ReviewStrategy(), verbs=("create",)),

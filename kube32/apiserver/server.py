@@ -414,7 +414,7 @@ class APIServer:
                 watch = query_flag(request.query, "watch")
                 return await (self.watch(request, t) if watch else self.list_objects(request, t))
             if m == "POST":
-                return await self.create(request, t)
+                return await (self.binding(request, t) if t.res.plural == "bindings" else self.create(request, t))
             if m == "DELETE":
                 return await self.delete_collection(request, t)
             raise errors.method_not_allowed("the server does not allow this method on the requested resource")
@@ -661,15 +661,27 @@ class APIServer:
         return json_response(_scale_of(t.res, out))
 
     async def binding(self, request: web.Request, t: Target) -> web.Response:
-        assert t.name is not None and t.res.plural == "pods"
-        name = t.name
+        """A pod bound to a node: POST pods/<name>/binding, or POST bindings naming the pod
+        in its metadata.name (as kube-apiserver's BindingREST: both create the same)."""
         dry_run = dryrun.requested(request)
         body = await bodies.read_body(request, "cannot create bindings")
+        if t.namespace is None:
+            raise errors.bad_request("the namespace of the object must be given")
+        given = meta.nested(body, "metadata", "name")
+        if t.name is not None and given and given != t.name:
+            raise errors.bad_request("name in URL does not match name in Binding object")
+        name = t.name or given
+        if not name or not isinstance(name, str):
+            raise errors.invalid("Binding", "", [("metadata.name", "Required value: name or generateName is required")])
+        body_ns = meta.nested(body, "metadata", "namespace")
+        if body_ns and body_ns != t.namespace:
+            raise errors.bad_request("the namespace of the provided object does not match the namespace "
+                                     "sent on the request")
         node = meta.nested(body, "target", "name")
         if not node or not isinstance(node, str):
-            raise errors.invalid("Binding", t.name, [("target.name", "Required value")])
+            raise errors.invalid("Binding", name, [("target.name", "Required value")])
         if why := meta.subdomain_problem(node):
-            raise errors.invalid("Binding", t.name, [("target.name", why)])
+            raise errors.invalid("Binding", name, [("target.name", why)])
 
         def bind(pod: dict) -> dict:
             current = pod["spec"].get("nodeName")
@@ -680,7 +692,8 @@ class APIServer:
                                       why=f"pod {name} is being deleted, cannot be assigned to a host")
             pod["spec"]["nodeName"] = node
             return pod
-        await self.registry.mutate(t.res, t.namespace, t.name, bind, subresource="binding", dry_run=dry_run)
+        await self.registry.mutate(by_plural("pods"), t.namespace, name, bind, subresource="binding",
+                                   dry_run=dry_run)
         return created()
 
     async def eviction(self, request: web.Request, t: Target) -> web.StreamResponse:

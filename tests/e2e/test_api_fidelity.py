@@ -208,6 +208,37 @@ def test_the_kubernetes_client_sees_the_defaults(cluster: ControlPlane) -> None:
         api.delete_namespaced_pod("fid-ports", "default", grace_period_seconds=0)
 
 
+def test_bindings_are_create_only_and_bind_a_pod_as_pods_binding_does(cluster: ControlPlane, curl: Curl) -> None:
+    """POST /api/v1/namespaces/<ns>/bindings (the Python client's create_namespaced_binding)
+    binds the pod its metadata.name names; a GET is 405 as in kube-apiserver, not 404."""
+    from kubernetes import client
+
+    code, body = curl("/api/v1/namespaces/default/bindings")
+    assert code == 405 and "MethodNotAllowed" in body, body
+    listed = json.loads(cluster.kubectl("get", "--raw", "/api/v1").stdout)["resources"]
+    assert {"name": "bindings", "verbs": ["create"], "namespaced": True, "kind": "Binding"}.items() <= next(
+        r for r in listed if r["name"] == "bindings").items()
+    api = client.CoreV1Api(cluster.client())
+    api.create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "fid-bind"},
+        "spec": {"schedulerName": "someone-else",
+                 "containers": [{"name": "c", "image": "kube32.io/wasm-sha256:" + "ab" * 32}]}})
+    try:
+        target = {"apiVersion": "v1", "kind": "Node", "name": "nowhere"}
+        api.create_namespaced_binding("default", {"apiVersion": "v1", "kind": "Binding",
+                                                  "metadata": {"name": "fid-bind"}, "target": target},
+                                      _preload_content=False)
+        assert api.read_namespaced_pod("fid-bind", "default").spec.node_name == "nowhere"
+        again = cluster.kubectl("create", "--raw", "/api/v1/namespaces/default/bindings", "-f", "-", check=False,
+                                input=json.dumps({"metadata": {"name": "fid-bind"}, "target": target}))
+        assert again.returncode != 0 and 'already assigned to node "nowhere"' in again.stderr, again.stderr
+        nameless = cluster.kubectl("create", "--raw", "/api/v1/namespaces/default/bindings", "-f", "-",
+                                   check=False, input=json.dumps({"target": target}))
+        assert nameless.returncode != 0 and "metadata.name" in nameless.stderr, nameless.stderr
+    finally:
+        api.delete_namespaced_pod("fid-bind", "default", grace_period_seconds=0)
+
+
 def test_health_checks_are_listed(cluster: ControlPlane, curl: Curl) -> None:
     code, body = curl("/readyz?verbose", token=False)
     assert code == 200 and body.splitlines() == ["[+]ping ok", "[+]log ok", "[+]etcd ok", "[+]shutdown ok",

@@ -148,6 +148,70 @@ def test_patches_apply_status_and_generation(cp: ControlPlane) -> None:
     assert dry.returncode == 0 and get(cp, "widget", "p")["spec"]["replicas"] == 6
 
 
+def lister_crd() -> dict:
+    """listers.example.org: every list and map marker server-side apply reads."""
+    spec = {"type": "object", "properties": {
+        "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+        "ports": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["port", "proto"],
+                  "items": {"type": "object", "required": ["port"], "properties": {
+                      "port": {"type": "integer"}, "proto": {"type": "string", "default": "TCP"},
+                      "note": {"type": "string"}}}},
+        "kv": {"type": "object", "x-kubernetes-map-type": "atomic", "additionalProperties": {"type": "string"}}}}
+    version = {"name": "v1", "served": True, "storage": True,
+               "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": spec}}}}
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "listers.example.org"},
+            "spec": {"group": "example.org", "scope": "Namespaced", "versions": [version],
+                     "names": {"plural": "listers", "singular": "lister", "kind": "Lister"}}}
+
+
+def lister(name: str, **spec: object) -> str:
+    return yaml.safe_dump({"apiVersion": "example.org/v1", "kind": "Lister", "metadata": {"name": name},
+                           "spec": spec})
+
+
+def test_server_side_apply_follows_the_crds_list_and_map_types(cp: ControlPlane) -> None:
+    """Two field managers with kubectl apply --server-side: a list-type map (two keys, one
+    defaulted) and a set merge item by item, an atomic map is one field (a conflict, then
+    replaced whole with --force-conflicts), and managedFields say so in Kubernetes' form."""
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(lister_crd()))
+    cp.kubectl("wait", "--for=condition=Established", "crd/listers.example.org", "--timeout=20s")
+
+    def apply(manager: str, *flags: str, **spec: object) -> subprocess.CompletedProcess:
+        return cp.kubectl("apply", "--server-side", f"--field-manager={manager}", *flags, "-f", "-",
+                          input=lister("l1", **spec), check=False)
+
+    first = apply("a", tags=["x"], ports=[{"port": 80, "note": "a"}], kv={"a": "1"})
+    assert first.returncode == 0, first.stderr
+    second = apply("b", tags=["z"], ports=[{"port": 81, "note": "b"}])
+    assert second.returncode == 0, second.stderr
+    obj = get(cp, "lister", "l1", "--show-managed-fields")
+    assert obj["spec"]["tags"] == ["x", "z"]
+    assert obj["spec"]["ports"] == [{"port": 80, "proto": "TCP", "note": "a"}, {"port": 81, "proto": "TCP", "note": "b"}]
+    owned = {m["manager"]: m["fieldsV1"]["f:spec"] for m in obj["metadata"]["managedFields"]}
+    assert set(owned["a"]["f:ports"]) == {'k:{"port":80,"proto":"TCP"}'} and set(owned["a"]["f:tags"]) == {'v:"x"'}
+    assert owned["a"]["f:kv"] == {}
+    clash = apply("b", kv={"b": "2"})
+    assert clash.returncode != 0 and 'conflict with "a"' in clash.stderr and ".spec.kv" in clash.stderr, clash.stderr
+    forced = apply("b", "--force-conflicts", kv={"b": "2"})
+    assert forced.returncode == 0, forced.stderr
+    assert get(cp, "lister", "l1")["spec"]["kv"] == {"b": "2"}
+    dup = apply("c", ports=[{"port": 1}, {"port": 1, "proto": "TCP"}])
+    assert dup.returncode != 0 and 'port=1,proto="TCP"' in dup.stderr, dup.stderr
+
+
+def test_dropping_ones_own_keys_from_a_map_another_manager_applied_empty_is_no_conflict(cp: ControlPlane) -> None:
+    def apply(manager: str, data: dict) -> subprocess.CompletedProcess:
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shared"}, "data": data}
+        return cp.kubectl("apply", "--server-side", f"--field-manager={manager}", "-f", "-",
+                          input=yaml.safe_dump(body), check=False)
+    assert apply("a", {}).returncode == 0
+    assert apply("b", {"k": "v"}).returncode == 0
+    dropped = apply("b", {})
+    assert dropped.returncode == 0, dropped.stderr
+    assert not get(cp, "configmap", "shared").get("data")
+
+
 def gadget_crd(*rules: dict, spec_rules: list[dict] | None = None) -> dict:
     """gadgets.example.net: CEL rules on its spec (``spec_rules``) and on its root (``rules``)."""
     schema = {"type": "object", "x-kubernetes-validations": list(rules), "properties": {

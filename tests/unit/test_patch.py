@@ -16,6 +16,7 @@ from kube32.apiserver.patch import (
     json_merge_patch,
     json_patch,
     record_update,
+    rules_from_openapi,
     server_side_apply,
     strategic_merge_patch,
 )
@@ -631,6 +632,96 @@ def test_ssa_lists_are_atomic_for_custom_resources() -> None:
     again = {**ck, "spec": {"pod": "web-1", "targets": [{"name": "c"}]}}
     assert server_side_apply(live, again, "kubectl", False, "Checkpoint", now=NOW)["spec"]["targets"] == [
         {"name": "c"}]
+
+
+# A custom resource's schema with every marker structured-merge-diff reads.
+_LT_SCHEMA = {"type": "object", "properties": {"spec": {"type": "object", "properties": {
+    "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+    "ports": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["port", "proto"],
+              "items": {"type": "object", "required": ["port"], "properties": {
+                  "port": {"type": "integer"}, "proto": {"type": "string", "default": "TCP"},
+                  "note": {"type": "string"}}}},
+    "kv": {"type": "object", "x-kubernetes-map-type": "atomic", "additionalProperties": {"type": "string"}},
+    "groups": {"type": "object", "additionalProperties": {
+        "type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}}},
+    "plain": {"type": "array", "items": {"type": "string"}},
+}}}}
+_LT = rules_from_openapi(_LT_SCHEMA)
+
+
+def _lt(spec: dict) -> dict:
+    return {"apiVersion": "k.example.com/v1", "kind": "Lt", "metadata": {"name": "o"}, "spec": spec}
+
+
+def test_ssa_of_a_custom_resource_merges_map_and_set_lists_between_managers() -> None:
+    live = server_side_apply(None, _lt({"tags": ["x"], "ports": [{"port": 80, "note": "a"}]}), "a", False, _LT,
+                             now=NOW)
+    assert live["spec"]["ports"] == [{"port": 80, "note": "a", "proto": "TCP"}]   # the key's default
+    result = server_side_apply(live, _lt({"tags": ["y"], "ports": [{"port": 81, "note": "b"}]}), "b", False,
+                               _LT, now=NOW)
+    assert result["spec"]["tags"] == ["x", "y"]
+    assert [p["port"] for p in result["spec"]["ports"]] == [80, 81]
+    a = _entries(result)[("a", "Apply")]["f:spec"]
+    assert a["f:tags"] == {'v:"x"': {}}
+    assert a["f:ports"] == {'k:{"port":80,"proto":"TCP"}': {".": {}, "f:note": {}, "f:port": {}, "f:proto": {}}}
+    # an item with another key value is another item, and a's note conflicts only with a's item
+    result = server_side_apply(result, _lt({"ports": [{"port": 80, "proto": "UDP", "note": "u"}]}), "c", False,
+                               _LT, now=NOW)
+    assert len(result["spec"]["ports"]) == 3
+    with pytest.raises(ApplyConflict) as caught:
+        server_side_apply(result, _lt({"ports": [{"port": 80, "note": "z"}]}), "c", False, _LT, now=NOW)
+    assert [(f, m) for f, m, _ in caught.value.conflicts] == [('.spec.ports[port=80,proto="TCP"].note', "a")]
+    # a drops its item: it goes; b's stays
+    result = server_side_apply(result, _lt({"tags": ["x"]}), "a", False, _LT, now=NOW)
+    assert [(p["port"], p["proto"]) for p in result["spec"]["ports"]] == [(81, "TCP"), (80, "UDP")]
+
+
+def test_ssa_of_a_custom_resource_map_list_needs_its_keys_once_each() -> None:
+    with pytest.raises(PatchError, match="does not contain the merge key 'port'"):
+        server_side_apply(None, _lt({"ports": [{"note": "a"}]}), "a", False, _LT, now=NOW)
+    with pytest.raises(PatchError, match=r'duplicate entries for key \[port=1,proto="TCP"\]'):
+        server_side_apply(None, _lt({"ports": [{"port": 1}, {"port": 1, "proto": "TCP"}]}), "a", False, _LT,
+                          now=NOW)
+
+
+def test_ssa_of_a_custom_resource_atomic_map_is_one_field() -> None:
+    live = server_side_apply(None, _lt({"kv": {"a": "1"}}), "a", False, _LT, now=NOW)
+    assert _entries(live)[("a", "Apply")] == {"f:spec": {"f:kv": {}}}
+    with pytest.raises(ApplyConflict) as caught:
+        server_side_apply(live, _lt({"kv": {"b": "2"}}), "b", False, _LT, now=NOW)
+    assert [f for f, _, _ in caught.value.conflicts] == [".spec.kv"]
+    forced = server_side_apply(live, _lt({"kv": {"b": "2"}}), "b", True, _LT, now=NOW)
+    assert forced["spec"]["kv"] == {"b": "2"}   # replaced whole, not merged
+    assert ("a", "Apply") not in _entries(forced)
+
+
+def test_ssa_of_a_custom_resource_additional_properties_carry_their_rules() -> None:
+    live = server_side_apply(None, _lt({"groups": {"g": ["x"]}, "plain": ["p"]}), "a", False, _LT, now=NOW)
+    result = server_side_apply(live, _lt({"groups": {"g": ["y"]}}), "b", False, _LT, now=NOW)
+    assert result["spec"]["groups"] == {"g": ["x", "y"]}
+    with pytest.raises(ApplyConflict):   # an atomic list: one field
+        server_side_apply(result, _lt({"plain": ["q"]}), "b", False, _LT, now=NOW)
+
+
+def test_ssa_dropping_ones_own_keys_from_a_map_another_applied_empty_is_no_conflict() -> None:
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}}
+    live = server_side_apply(None, {**cm, "data": {}}, "a", False, "ConfigMap", now=NOW)
+    live = server_side_apply(live, {**cm, "data": {"k": "v"}}, "b", False, "ConfigMap", now=NOW)
+    result = server_side_apply(live, {**cm, "data": {}}, "b", False, "ConfigMap", now=NOW)
+    assert result["data"] == {}
+    # a value another manager set still conflicts
+    live = server_side_apply(None, {**cm, "data": {"k": "v"}}, "a", False, "ConfigMap", now=NOW)
+    with pytest.raises(ApplyConflict):
+        server_side_apply(live, {**cm, "data": {"k": "w"}}, "b", False, "ConfigMap", now=NOW)
+
+
+def test_managed_fields_of_a_custom_resource_update_follow_its_schema() -> None:
+    new = _lt({"ports": [{"port": 80, "proto": "TCP"}], "tags": ["x"], "kv": {"a": "1"}})
+    record_update(None, new, "kubectl-create", _LT, now=NOW)
+    spec = _entries(new)[("kubectl-create", "Update")]["f:spec"]
+    assert set(spec["f:ports"]) == {'k:{"port":80,"proto":"TCP"}'}
+    assert spec["f:tags"] == {'v:"x"': {}}
+    assert spec["f:kv"] == {}
 
 
 def test_ssa_nulls_mean_unspecified_and_finalizers_are_a_set() -> None:
