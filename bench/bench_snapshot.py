@@ -11,7 +11,8 @@ fresh wasmtime memory (first writes page-fault, as in a real restore).
 - k32s: SnapshotWriter.write_to(socket) -> SnapshotReader.read_from(socket),
         memory straight into the new instance's memory, trailer checked.
 
-Reports the median rate of each mode, the ratio k32s/raw (target >= 0.7), and
+Reports the median rate of each mode, the ratio k32s/hashed (target >= 0.95: issue 25
+restates issue 3's 0.7 of raw against the format's floor, `hashed`), and
 each side's peak RSS beyond the memory itself (target <= 2 MiB): peak
 (ru_maxrss) minus the RSS before the memory existed minus the memory size.
 The rate is timed on the reader, from its "go" byte to the last byte checked.
@@ -166,12 +167,13 @@ def main(argv: list[str]) -> int:
             f"  {mode:6} {medians[mode] / 2**30:6.2f} GiB/s   peak beyond the memory: "
             f"writer {writer_extra:5.2f} MiB, reader {reader_extra:5.2f} MiB"
         )
-    ratio = medians["k32s"] / medians["raw"]
-    print(f"  ratio k32s/raw = {ratio:.2f} (target >= 0.70)")
+    ratio = medians["k32s"] / medians["hashed"]
+    print(f"  ratio k32s/hashed = {ratio:.2f} (target >= 0.95)")
     from . import report
     rows = [[mode, f"{medians[mode] / 2**30:.2f}", f"{medians[mode] / medians['raw']:.2f}",
              f"{max(r['writer'] for r in runs[mode]) / MiB:.2f}", f"{max(r['reader'] for r in runs[mode]) / MiB:.2f}",
-             f">= 0.70: {report.verdict(ratio >= 0.7)}" if mode == "k32s" else ""] for mode in runs]
+             f"{ratio:.2f} of hashed, >= 0.95: {report.verdict(ratio >= 0.95)}" if mode == "k32s" else ""]
+            for mode in runs]
     report.add("\n".join([
         f"## K32S streaming, format alone (bench_snapshot, {args.mib} MiB, {args.runs} runs, medians)\n",
         "A writer process streams a wasmtime memory over one loopback TCP connection into a fresh wasmtime "
