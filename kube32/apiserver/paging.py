@@ -2,8 +2,9 @@
 ``resourceVersion`` / ``resourceVersionMatch`` semantics, and streamed list bodies.
 
 Design: a list reads the store a page at a time (:meth:`Store.page`) at one revision,
-decodes and filters each object, and hands it on with a turn of the event loop between
-objects, so neither a long list nor a list of big objects holds the loop that answers
+decodes and filters each object, and hands it on with a turn of the event loop after
+every ``TURN_BYTES`` of stored objects (and after each big one), so neither a long list
+nor a list of big objects holds the loop that answers
 ``/healthz`` and node Lease renewals.  The server writes each object as it comes
 (:func:`stream_list`): nothing holds the whole list, decoded or encoded.
 
@@ -43,6 +44,10 @@ from . import errors
 TOKEN_VERSION = "meta.k8s.io/v1"
 MAX_TOKEN = 4096            # characters of a continue token
 CHUNK = 64                  # store keys read at a time by a list without a limit (or with a selector)
+# Stored bytes a list decodes, filters and encodes between two turns of the event loop:
+# a turn per object cost more than the object (a loop iteration per 1 KB pod), and this
+# much JSON is well under a millisecond of work, so no list holds the loop longer.
+TURN_BYTES = 64 << 10
 EXACT, NOT_OLDER_THAN = "Exact", "NotOlderThan"
 
 Obj = dict[str, Any]
@@ -224,10 +229,14 @@ class Listing:
 
     async def __aiter__(self) -> AsyncIterator[Item]:
         page, taken, limit = self._first, 0, self.options.limit
+        since_turn = 0
         while page.items:
             for i, kv in enumerate(page.items):
                 obj = self.decode(kv) if self.decoded or self.keep is not None else None
-                await asyncio.sleep(0)  # one object at a time: the loop serves others between
+                since_turn += len(kv.value)
+                if since_turn >= TURN_BYTES:   # the loop serves others between
+                    since_turn = 0
+                    await asyncio.sleep(0)
                 if self.keep is not None and obj is not None and not self.keep(obj):
                     continue
                 yield Item(kv, obj)

@@ -285,7 +285,12 @@ class SQLiteStore(StoreFigures):
         """The rows of a page (key, value, create_revision, mod_revision); with `count`
         one row of their number."""
         params: tuple[object, ...]
-        if current:
+        if current and count:
+            # The current state's keys alone: an index range, no value read (a list read a
+            # chunk at a time counts what remains after each chunk).
+            sql, params = self._key_range("key", prefix)
+            query = "SELECT key FROM current WHERE " + sql + " AND key > ? ORDER BY key LIMIT ?"
+        elif current:
             sql, params = self._key_range("c.key", prefix)
             query = _LIST_COLUMNS + "WHERE " + sql + " AND c.key > ? ORDER BY c.key LIMIT ?"
         else:

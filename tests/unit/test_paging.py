@@ -129,6 +129,32 @@ def test_pages_of_a_listing_are_the_state_at_the_first_page(tmp_path: Path) -> N
     asyncio.run(go())
 
 
+def test_a_listing_turns_the_loop_by_bytes_not_per_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small objects share a turn of the event loop (a turn each cost more than the
+    object); a big one has one of its own, so no list holds the loop for long."""
+    turns = [0]
+    real_sleep = asyncio.sleep
+
+    async def counted(delay: float, *args: object) -> object:
+        turns[0] += delay == 0
+        return await real_sleep(delay, *args)
+
+    async def go() -> None:
+        store = await _filled(tmp_path, 300)   # about 80 bytes each
+        monkeypatch.setattr(paging.asyncio, "sleep", counted)
+        listing = await paging.Listing(store, PREFIX, paging.ListOptions(), decode, None).open()
+        assert len(await _all(listing)) == 300
+        assert turns[0] <= 1
+        for i in range(3):
+            await store.create(f"{PREFIX}big-{i}", json.dumps({"metadata": {"name": f"big-{i}"},
+                                                                "data": {"x": "y" * paging.TURN_BYTES}}).encode())
+        turns[0] = 0
+        listing = await paging.Listing(store, PREFIX, paging.ListOptions(), decode, None).open()
+        assert len(await _all(listing)) == 303 and turns[0] >= 3
+        await store.close()
+    asyncio.run(go())
+
+
 def test_a_compacted_token_is_410_with_a_token_that_goes_on(tmp_path: Path) -> None:
     async def go() -> None:
         store = await _filled(tmp_path, 4)
