@@ -33,11 +33,19 @@ BOTH_PYTHONS = frozenset({
 })
 
 
+# ``once`` modules CI runs on 3.13 rather than 3.11 (marker ``on313``), the longest ones:
+# the 3.11 leg runs on two workers, the 3.13 leg on one, and both legs end about together.
+ON_313 = frozenset({"test_move_scenarios", "test_adversarial_data", "test_service_hold_attacks"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.module.__name__ if item.module is not None else ""
-        if module.startswith("tests.e2e.") and module.rsplit(".", 1)[-1] not in BOTH_PYTHONS:
+        name = module.rsplit(".", 1)[-1]
+        if module.startswith("tests.e2e.") and name not in BOTH_PYTHONS:
             item.add_marker(pytest.mark.once)
+            if name in ON_313:
+                item.add_marker(pytest.mark.on313)
 
 
 LOG_TAIL_LINES = 40   # of each node's log, shown under a failed test that used a cluster

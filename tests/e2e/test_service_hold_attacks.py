@@ -206,20 +206,27 @@ def test_300_concurrent_held_requests_one_service(cluster):
     import aiohttp
     c = cluster
     setup_pod(c, "many")
-    m0 = c.metrics()
-    t, mv = freeze_for(c, "many", 6)   # 300 TLS handshakes take seconds on a loaded machine
 
     async def main():
         ssl_ctx = ssl.create_default_context(cafile=str(c.ca))
         ssl_ctx.check_hostname = False
         conn = aiohttp.TCPConnector(limit=0, ssl=ssl_ctx)
         async with aiohttp.ClientSession(connector=conn, headers={"Authorization": f"Bearer {c.token}"}) as s:
+            async def warm(i):
+                async with s.get(c.svc_url("many", f"warm?w={i}&i=1"), timeout=aiohttp.ClientTimeout(total=60)) as r:
+                    await r.read()
+
             async def one(i):
                 async with s.post(c.svc_url("many", f"m?c={i}&i=1"), data=b"x" * 10,
                                   timeout=aiohttp.ClientTimeout(total=60)) as r:
                     return ("c" + str(i), 1, r.status, await r.text(), 0, dict(r.headers))
-            return await asyncio.gather(*[one(i) for i in range(300)], return_exceptions=True)
-    results = asyncio.run(main())
+            # The 300 connections and their TLS handshakes first (seconds on a loaded machine),
+            # so that every request of the test arrives while the pod is frozen.
+            await asyncio.gather(*[warm(i) for i in range(300)])
+            m0 = c.metrics()
+            t, mv = await asyncio.to_thread(freeze_for, c, "many", 4)
+            return m0, t, mv, await asyncio.gather(*[one(i) for i in range(300)], return_exceptions=True)
+    m0, t, mv, results = asyncio.run(main())
     wait_move(mv)
     t.join()
     bad = [r for r in results if isinstance(r, BaseException) or r[2] != 200]
