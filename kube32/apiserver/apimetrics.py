@@ -4,13 +4,16 @@ apiserver_request_duration_seconds), snapshots stored and the checkpoint data sp
 
 The middleware counts every request once, after the errors middleware made its answer,
 with the verb and resource the authorizer saw (``describe``): the resource label is a
-kind the server serves or empty, the subresource one that kind has (the resource table's,
-which the routing reads too) or empty, never a client's string, so label sets stay few.  A
-watch is counted but not timed (it lasts as long as the client wants), as kube-apiserver
-times only its start.
+kind the server serves (a built-in one, or a custom resource its CRDs serve: the
+application's :func:`count_custom`) or empty, the subresource one that kind has (the
+resource table's, which the routing reads too) or empty, never a client's string, so
+label sets stay few.  A watch is counted but not timed (it lasts as long as the client
+wants), as kube-apiserver times only its start.  A request cancelled before it was
+answered (its client went away) is not counted: it had no code.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Awaitable, Callable
 
@@ -33,12 +36,19 @@ DATA_SPACE = metrics.REGISTRY.gauge(
     "kube32_checkpoint_data_space_bytes", "The checkpoint data space: bytes in use and its capacity.", ("state",))
 
 _ATTRS = "kube32.metrics.attrs"
+_CUSTOM: web.AppKey[Callable[[str, str], Resource | None]] = web.AppKey("kube32.metrics.custom")
 _KUBE_VERBS = {"list": "LIST", "watch": "WATCH", "get": "GET", "deletecollection": "DELETE"}
 
 
 def describe(request: web.Request, attrs: Attributes) -> None:
     """What the authorizer saw of ``request``: its verb and resource, for the counts."""
     request[_ATTRS] = attrs
+
+
+def count_custom(app: web.Application, served: Callable[[str, str], Resource | None]) -> None:
+    """Requests to custom resources are labelled with their group and resource:
+    ``served(group, plural)`` is the served Resource, or None."""
+    app[_CUSTOM] = served
 
 
 def _labels(request: web.Request) -> tuple[str, str, str, str]:
@@ -53,6 +63,8 @@ def _labels(request: web.Request) -> tuple[str, str, str, str]:
     if attrs is None or not attrs.resource_request:
         return verb, "", "", ""
     res = _SERVED.get((attrs.api_group, attrs.resource))
+    if res is None and _CUSTOM in request.app:
+        res = request.app[_CUSTOM](attrs.api_group, attrs.resource)
     if res is None:
         return verb, "", "", ""
     return verb, attrs.api_group, attrs.resource, _subresource(res, attrs.subresource)
@@ -79,11 +91,19 @@ async def middleware(request: web.Request,
     except web.HTTPException as e:
         code = e.status
         raise
+    except asyncio.CancelledError:
+        code = 0
+        raise
     finally:
-        verb, group, resource, sub = _labels(request)
-        REQUESTS.inc(verb, group, resource, sub, str(code))
-        if verb != "WATCH":
-            LATENCY.observe(time.monotonic() - started, verb, group, resource, sub)
+        if code:
+            _count(request, code, started)
+
+
+def _count(request: web.Request, code: int, started: float) -> None:
+    verb, group, resource, sub = _labels(request)
+    REQUESTS.inc(verb, group, resource, sub, str(code))
+    if verb != "WATCH":
+        LATENCY.observe(time.monotonic() - started, verb, group, resource, sub)
 
 
 def snapshot_stored(size: int) -> None:

@@ -114,6 +114,11 @@ class Catalog:
     def served(self) -> list[Resource]:
         return list(self._by_path.values())
 
+    def any_version(self, group: str, plural: str) -> Resource | None:
+        """A served version of the custom resource ``plural`` of ``group`` (they share
+        names and subresources' kinds), or None."""
+        return next((r for (g, _, p), r in self._by_path.items() if g == group and p == plural), None)
+
     def _rebuild(self) -> None:
         by_path: dict[tuple[str, str, str], Resource] = {}
         for crd in self._crds.values():

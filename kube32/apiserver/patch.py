@@ -100,9 +100,11 @@ Server-side apply (practical subset of structured-merge-diff)
       fields are kept).
     * entries that end up owning nothing are dropped (the caller's own too).
     * ``null`` in an applied config means "not specified".
-    Built-in keyed lists use a single merge key (upstream container ports use
-    ``containerPort`` + ``protocol``); a custom resource's use all its list-map-keys,
-    a key the schema defaults filled in where an applied item leaves it out.  Status
+    Keyed lists use all their keys, as Kubernetes' list-map-keys (container ports
+    ``containerPort`` + ``protocol``, Service ports ``port`` + ``protocol``, a custom
+    resource's its x-kubernetes-list-map-keys), a key with a default (``protocol: TCP``,
+    the schema's) filled in where an applied item leaves it out; strategic merge patch
+    merges on the first key alone, as upstream's single patchMergeKey.  Status
     handling, resourceVersion checks and the ``kubectl-last-applied`` follow-up request
     are the caller's business.
 
@@ -163,14 +165,28 @@ class PatchLimit(PatchError):
 class ApplyConflict(PatchError):
     """Server-side apply touched fields another manager owns (HTTP 409).
 
-    ``conflicts``: (field, manager, whom) with ``whom`` as Kubernetes words the owner:
-    ``"kubectl" with subresource "scale" using apps/v1``."""
+    ``conflicts``: (field, manager, whom) with ``whom`` as Kubernetes words the owner
+    (apimachinery's printManager: ``"kubectl" with subresource "scale" using apps/v1``; an
+    Apply manager without ``using``).  The message is Kubernetes' (its conflict.go): one
+    conflict on one line, several grouped by owner, one field a line."""
 
     def __init__(self, conflicts: list[tuple[str, str, str]]) -> None:
         self.conflicts = list(conflicts)
-        detail = "; ".join(f"conflict with {whom}: {p}" for p, _, whom in self.conflicts)
         n = len(self.conflicts)
-        super().__init__(f"Apply failed with {n} conflict{'s' if n != 1 else ''}: {detail}")
+        super().__init__(f"Apply failed with {n} conflict{'s' if n != 1 else ''}: {self._detail()}")
+
+    def _detail(self) -> str:
+        if len(self.conflicts) == 1:
+            field, _, whom = self.conflicts[0]
+            return f"conflict with {whom}: {field}"
+        by_owner: dict[str, list[str]] = {}
+        for field, _, whom in self.conflicts:
+            by_owner.setdefault(whom, []).append(field)
+        lines = []
+        for whom in sorted(by_owner):
+            lines.append(f"conflicts with {whom}:")
+            lines += [f"- {field}" for field in by_owner[whom]]
+        return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -437,7 +453,7 @@ _CONDITIONS = _KeyedList(("type",))
 _META = _Struct({"ownerReferences": _KeyedList(("uid",)), "finalizers": _SetList()})
 _CONTAINER = _Struct({
     "env": _KeyedList(("name",)),
-    "ports": _KeyedList(("containerPort",)),
+    "ports": _KeyedList(("containerPort", "protocol"), defaults={"protocol": "TCP"}),
     "volumeMounts": _KeyedList(("mountPath",)),
     "volumeDevices": _KeyedList(("devicePath",)),
     "resizePolicy": _KeyedList(("resourceName",)),
@@ -480,7 +496,7 @@ _KIND_SCHEMAS: dict[str, _Struct] = {
         {"template": _POD_TEMPLATE})})})),
     "Service": _Struct({
         "metadata": _META,
-        "spec": _Struct({"ports": _KeyedList(("port",))}),
+        "spec": _Struct({"ports": _KeyedList(("port", "protocol"), defaults={"protocol": "TCP"})}),
         "status": _STATUS_WITH_CONDITIONS,
     }),
     "Node": _Struct({
@@ -840,12 +856,12 @@ def _check_applied_lists(value: Any, rule: _Rule | None, where: str) -> None:
     elif isinstance(rule, (_KeyedList, _SetList)) and not isinstance(value, list):
         raise PatchError(f"{where}: expected a list, got {json.dumps(value)}")
     elif isinstance(value, list) and isinstance(rule, _KeyedList):
-        seen: list[dict] = []
+        seen: set[str] = set()
         for item in value:
             keys = _applied_keys(item, rule, where)
-            if any(_json_equal(keys, s) for s in seen):
+            if _token(keys) in seen:
                 raise PatchError(f"{where}: duplicate entries for key {_keys_string(keys)}")
-            seen.append(keys)
+            seen.add(_token(keys))
             _check_applied_lists(item, rule.item, f"{where}{_keys_string(keys)}")
     elif isinstance(value, list) and isinstance(rule, _SetList):
         for item in value:
@@ -906,17 +922,79 @@ def _path_string(path: _Path) -> str:
 _MISSING = object()
 
 
-def _path_keys(element: str) -> dict[str, Any]:
-    """The merge keys of a ``k:`` path element (from a stored entry: anything may be there)."""
+def _path_keys(element: str) -> dict[str, Any] | None:
+    """The merge keys of a ``k:`` path element (from a stored entry: anything may be
+    there; None when it is not a JSON object of scalars)."""
     try:
         keys = json.loads(element[2:])
     except ValueError:
-        return {"": _MISSING}
-    return keys if isinstance(keys, dict) and keys else {"": _MISSING}
+        return None
+    if not isinstance(keys, dict) or not keys or any(isinstance(v, (dict, list)) for v in keys.values()):
+        return None
+    return keys
 
 
-def _locate(obj: Any, path: _Path) -> Any:
-    """The value at a FieldsV1 path, or ``_MISSING``."""
+def _path_value(element: str) -> Any:
+    """The value of a ``v:`` path element, or ``_MISSING``."""
+    try:
+        return json.loads(element[2:])
+    except ValueError:
+        return _MISSING
+
+
+def _normal(value: Any) -> Any:
+    """``value`` with its integral floats as ints: JSON equality (``1 == 1.0``) as equal tokens."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _normal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    return value
+
+
+def _token(value: Any) -> str:
+    """A JSON value's identity as merge keys and set values compare it (``1 == 1.0``,
+    ``true != 1``): equal tokens for equal values."""
+    return _compact(_normal(value))
+
+
+class _Finder:
+    """Keyed items and set values found through an index of each list, built the first
+    time that list is searched: a walk over every path of an object costs O(paths), not
+    O(paths x items).  Only for lists that do not change while the finder is used."""
+
+    def __init__(self) -> None:
+        # (id of the list, key names) -> (the list, held so its id stays its own; token -> first index)
+        self._items: dict[tuple[int, tuple[str, ...]], tuple[list, dict[str, int]]] = {}
+        self._values: dict[int, tuple[list, dict[str, list[int]]]] = {}
+
+    def item(self, items: list, keys: Mapping[str, Any]) -> int | None:
+        """The index of the first map of ``items`` with every one of ``keys``' values."""
+        names = tuple(sorted(keys))
+        entry = self._items.get((id(items), names))
+        if entry is None:
+            index: dict[str, int] = {}
+            for i, item in enumerate(items):
+                if isinstance(item, dict) and all(k in item for k in names):
+                    index.setdefault(_token([item[k] for k in names]), i)
+            entry = self._items[(id(items), names)] = (items, index)
+        return entry[1].get(_token([keys[k] for k in names]))
+
+    def values(self, items: list, value: Any) -> list[int]:
+        """The indices of ``items`` equal to ``value``."""
+        entry = self._values.get(id(items))
+        if entry is None:
+            index: dict[str, list[int]] = {}
+            for i, item in enumerate(items):
+                index.setdefault(_token(item), []).append(i)
+            entry = self._values[id(items)] = (items, index)
+        return entry[1].get(_token(value), [])
+
+
+def _locate(obj: Any, path: _Path, finder: _Finder | None = None) -> Any:
+    """The value at a FieldsV1 path, or ``_MISSING`` (``finder``: one shared by many
+    calls over objects that do not change meanwhile)."""
     node = obj
     for element in path:
         if element == ".":
@@ -924,11 +1002,13 @@ def _locate(obj: Any, path: _Path) -> Any:
         if element.startswith("f:") and isinstance(node, dict):
             node = node.get(element[2:], _MISSING)
         elif element.startswith("k:") and isinstance(node, list):
-            index = _find_item(node, _path_keys(element))
+            keys = _path_keys(element)
+            index = None if keys is None else (finder or _Finder()).item(node, keys)
             node = _MISSING if index is None else node[index]
         elif element.startswith("v:") and isinstance(node, list):
-            value = json.loads(element[2:])
-            node = value if any(_json_equal(value, v) for v in node) else _MISSING
+            value = _path_value(element)
+            found = value is not _MISSING and (finder or _Finder()).values(node, value)
+            node = value if found else _MISSING
         else:
             return _MISSING
         if node is _MISSING:
@@ -936,37 +1016,48 @@ def _locate(obj: Any, path: _Path) -> Any:
     return node
 
 
-def _is_under(path: _Path, prefix: _Path) -> bool:
-    return path[: len(prefix)] == prefix
+def _prefixes(paths: Iterable[_Path]) -> set[_Path]:
+    """Every non-empty prefix of every path (a path is its own prefix)."""
+    return {path[:i] for path in paths for i in range(1, len(path) + 1)}
 
 
 def _item_prefix(path: _Path) -> _Path:
     return path[:-1] if path and path[-1] == "." else path
 
 
-def _remove_path(obj: dict, path: _Path) -> None:
-    """Delete the field/item/value at ``path`` and prune maps left empty."""
-    target = _item_prefix(path)
-    parent = _locate(obj, target[:-1])
-    last = target[-1]
-    if last.startswith("f:") and isinstance(parent, dict):
-        parent.pop(last[2:], None)
-    elif last.startswith("k:") and isinstance(parent, list):
-        index = _find_item(parent, _path_keys(last))
-        if index is not None:
-            del parent[index]
-    elif last.startswith("v:") and isinstance(parent, list):
-        value = json.loads(last[2:])
-        parent[:] = [v for v in parent if not _json_equal(v, value)]
-    # Maps and lists emptied by the removal go too; top-level fields (spec, metadata) stay.
-    prefix = target[:-1]
-    while len(prefix) > 1 and prefix[-1].startswith("f:"):
-        node = _locate(obj, prefix)
-        holder = _locate(obj, prefix[:-1])
-        if not (isinstance(node, (dict, list)) and not node and isinstance(holder, dict)):
-            break
-        holder.pop(prefix[-1][2:], None)
-        prefix = prefix[:-1]
+def _remove_paths(obj: dict, targets: list[_Path]) -> None:
+    """Delete the fields/items/values at ``targets`` (item paths without their ``.``),
+    then prune the maps and lists the removals left empty.  Everything is found before
+    anything goes (one index per list); list items and set values go in one pass per
+    list, so removing many items of a long list is not quadratic."""
+    finder = _Finder()
+    doomed: dict[int, tuple[list, set[int]]] = {}
+    for target in targets:
+        parent, last = _locate(obj, target[:-1], finder), target[-1]
+        if last.startswith("f:") and isinstance(parent, dict):
+            parent.pop(last[2:], None)   # a dict's key: no list index moves
+        elif last.startswith("k:") and isinstance(parent, list):
+            keys = _path_keys(last)
+            index = None if keys is None else finder.item(parent, keys)
+            if index is not None:
+                doomed.setdefault(id(parent), (parent, set()))[1].add(index)
+        elif last.startswith("v:") and isinstance(parent, list):
+            value = _path_value(last)
+            if value is not _MISSING:
+                doomed.setdefault(id(parent), (parent, set()))[1].update(finder.values(parent, value))
+    for parent, indices in doomed.values():
+        parent[:] = [v for i, v in enumerate(parent) if i not in indices]
+    # Maps and lists emptied by the removals go too; top-level fields (spec, metadata) stay.
+    finder = _Finder()
+    for target in targets:
+        prefix = target[:-1]
+        while len(prefix) > 1 and prefix[-1].startswith("f:"):
+            node = _locate(obj, prefix, finder)
+            holder = _locate(obj, prefix[:-1], finder)
+            if not (isinstance(node, (dict, list)) and not node and isinstance(holder, dict)):
+                break
+            holder.pop(prefix[-1][2:], None)
+            prefix = prefix[:-1]
 
 
 def _apply_merge(live: Any, applied: Any, rule: _Rule | None) -> Any:
@@ -980,15 +1071,21 @@ def _apply_merge(live: Any, applied: Any, rule: _Rule | None) -> Any:
         return live
     if isinstance(applied, list) and isinstance(live, list):
         if isinstance(rule, _KeyedList):
+            index: dict[str, int] = {}
+            for i, have in enumerate(live):
+                if isinstance(have, dict) and all(k in have for k in rule.keys):
+                    index.setdefault(_token(_keys_of(have, rule)), i)
             for item in applied:
-                index = _find_item(live, _keys_of(item, rule))
-                if index is None:
+                token = _token(_keys_of(item, rule))
+                if token not in index:
+                    index[token] = len(live)
                     live.append(_deep_copy(item))
                 else:
-                    live[index] = _apply_merge(live[index], item, rule.item)
+                    live[index[token]] = _apply_merge(live[index[token]], item, rule.item)
             return live
         if isinstance(rule, _SetList):
-            return live + [v for v in applied if not any(_json_equal(v, have) for have in live)]
+            seen = {_token(have) for have in live}
+            return live + [v for v in applied if _token(v) not in seen]
     return _deep_copy(applied)
 
 
@@ -999,6 +1096,16 @@ class _Entry:
     manager: str
     operation: str
     fields: frozenset[_Path] | None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Who the entry is: (manager, operation, subresource)."""
+        return (self.manager, self.operation, str(self.raw.get("subresource") or ""))
+
+
+def _sub(subresource: str | None) -> dict | None:
+    """The fields an entry of a write to ``subresource`` carries beside the ones it manages."""
+    return {"subresource": subresource} if subresource else None
 
 
 def _read_entries(live: dict) -> list[_Entry]:
@@ -1026,10 +1133,13 @@ def _entry(manager: str, operation: str, api_version: Any, now: str, fields: Ite
 
 
 def server_side_apply(live: dict | None, applied: dict, manager: str, force: bool,
-                      kind: str | FieldRules, *, now: str | None = None) -> dict:
+                      kind: str | FieldRules, *, subresource: str | None = None, now: str | None = None) -> dict:
     """Apply ``applied`` as ``manager``; returns the new object (see module docstring).
 
     ``kind``: a built-in kind's name, or a custom resource's rules (:func:`rules_from_openapi`).
+    ``subresource``: the apply went to it (``status``): the manager's entry is its own
+    (manager, Apply, subresource), as Kubernetes keeps one.  Which fields the write may
+    change is the caller's: ``applied`` holds those alone.
 
     ``now`` (RFC 3339) stamps the entry this call writes; defaults to the UTC clock.
     Raises ``ApplyConflict`` (409) or ``PatchError`` (bad applied config).
@@ -1053,12 +1163,13 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
     if live is None:
         result = _deep_copy(config)
         result.setdefault("metadata", {})["managedFields"] = [
-            _entry(manager, "Apply", api_version, stamp, mine)] if mine else []
+            _entry(manager, "Apply", api_version, stamp, mine, _sub(subresource))] if mine else []
         return result
 
     entries = _read_entries(live)
-    others = [e for e in entries if not (e.manager == manager and e.operation == "Apply")]
-    previous = next((e for e in entries if e.manager == manager and e.operation == "Apply"), None)
+    own = (manager, "Apply", subresource or "")
+    others = [e for e in entries if e.key != own]
+    previous = next((e for e in entries if e.key == own), None)
 
     # As structured-merge-diff's Updater.Apply: conflicts are judged on live merged with
     # the config, before what this manager stopped applying is pruned, so dropping
@@ -1076,11 +1187,11 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
         _remove_dropped(result, previous.fields - mine, mine, new_others)
 
     mine_entry = _entry(manager, "Apply", api_version, stamp, mine,
-                        previous.raw if previous is not None else None)
+                        previous.raw if previous is not None else _sub(subresource))
     replacement = {id(old): new for old, new in zip(others, new_others, strict=True)}
     managed = []
     for entry in entries:
-        if entry.manager == manager and entry.operation == "Apply":
+        if entry.key == own:
             if entry is previous and mine:
                 managed.append(mine_entry)  # an updated entry keeps its position
             continue
@@ -1098,24 +1209,26 @@ def _conflicts(live: dict, merged: dict, mine: set[_Path],
     """Each (path, other owner) where a path this manager applies, owned by another,
     has a value in ``merged`` (live with the config merged in) other than live's."""
     found: list[tuple[_Path, _Entry]] = []
+    in_merged, in_live = _Finder(), _Finder()
     for path in sorted(mine):
         if path[-1] == ".":
             continue  # an item itself never conflicts; its fields do
         owners = [e for e in others if e.fields is not None and path in e.fields]
         if not owners:
             continue
-        if _json_equal(_locate(merged, path), _locate(live, path)):
+        if _json_equal(_locate(merged, path, in_merged), _locate(live, path, in_live)):
             continue
         found.extend((path, owner) for owner in owners)
     return found
 
 
 def _whom(entry: _Entry) -> str:
-    """An owner as Kubernetes' conflicts name it."""
+    """An owner as Kubernetes' conflicts name it (printManager: an applier's identity has
+    no apiVersion, an updater's has)."""
     words = json.dumps(entry.manager)
     if entry.raw.get("subresource"):
         words += f" with subresource {json.dumps(entry.raw['subresource'])}"
-    if entry.raw.get("apiVersion"):
+    if entry.operation != "Apply" and entry.raw.get("apiVersion"):
         words += f" using {entry.raw['apiVersion']}"
     return words
 
@@ -1123,7 +1236,7 @@ def _whom(entry: _Entry) -> str:
 def _without(entry: _Entry, paths: set[_Path]) -> _Entry:
     if not paths or entry.fields is None:
         return entry
-    kept = frozenset(p for p in entry.fields if not any(_is_under(p, lost) for lost in paths))
+    kept = frozenset(p for p in entry.fields if not any(p[:i] in paths for i in range(1, len(p) + 1)))
     raw = dict(entry.raw)
     raw["fieldsV1"] = _fields_to_tree(kept)
     return _Entry(raw, entry.manager, entry.operation, kept)
@@ -1133,14 +1246,11 @@ def _remove_dropped(result: dict, dropped: Set[_Path], mine: Set[_Path],
                     others: list[_Entry]) -> None:
     # A dropped leaf may now be the parent of fields that are still applied
     # (``labels: {}`` became ``labels: {app: x}``), so our own paths protect too.
-    still_owned = set(mine).union(*(e.fields for e in others if e.fields is not None))
-    # Shallowest first: removing an item takes its fields along (their removal is
-    # then a no-op), while removing the fields first would lose the item's key.
-    for path in sorted(dropped, key=lambda p: len(_item_prefix(p))):
-        target = _item_prefix(path)
-        if any(_is_under(p, target) for p in still_owned):
-            continue
-        _remove_path(result, path)
+    protected = _prefixes(set(mine).union(*(e.fields for e in others if e.fields is not None)))
+    # A dropped path goes unless something still owned is at or below it; shallowest
+    # first (an item goes with its fields).
+    targets = sorted({_item_prefix(p) for p in dropped} - protected, key=len)
+    _remove_paths(result, targets)
 
 
 # ----------------------------------------------------------------- plain writes
@@ -1161,13 +1271,13 @@ def _keyed(items: list, keys: tuple[str, ...]) -> bool:
     return len(seen) == len(items)
 
 
-def _changed(old: dict | None, new: dict, path: _Path) -> bool:
+def _changed(old: dict | None, new: dict, path: _Path, in_old: _Finder, in_new: _Finder) -> bool:
     if old is None:
         return True
     if path[-1] == ".":
-        return _locate(old, path) is _MISSING   # an item is written when it is added
-    was = _locate(old, path)
-    return was is _MISSING or not _json_equal(was, _locate(new, path))
+        return _locate(old, path, in_old) is _MISSING   # an item is written when it is added
+    was = _locate(old, path, in_old)
+    return was is _MISSING or not _json_equal(was, _locate(new, path, in_new))
 
 
 def record_update(old: dict | None, new: dict, manager: str, kind: str | FieldRules, *,
@@ -1181,10 +1291,11 @@ def record_update(old: dict | None, new: dict, manager: str, kind: str | FieldRu
         return   # the writer sets managedFields as it wants them
     schema = _schema_for(kind)
     present = _written_paths(new, schema, (), top=True)
-    written = {p for p in present if _changed(old, new, p)}
+    in_old, in_new = _Finder(), _Finder()
+    written = {p for p in present if _changed(old, new, p, in_old, in_new)}
     entries = _read_entries(old) if old is not None else []
     mine_key = (manager, "Update", subresource or "")
-    previous = next((e for e in entries if (e.manager, e.operation, e.raw.get("subresource", "")) == mine_key), None)
+    previous = next((e for e in entries if e.key == mine_key), None)
     managed: list[dict] = []
     for entry in entries:
         if entry is previous:

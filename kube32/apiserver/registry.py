@@ -56,7 +56,7 @@ from ..store import (Compacted, Conflict, KeyExists, KeyNotFound, KeyValue, Stor
 from ..terms import Annotation, NamespacePhase, PodPhase
 from . import errors, meta, offload, paging
 from .keylocks import KeyLocks
-from . import jsonshape
+from . import jsonshape, schemavalidation
 from .jsoncopy import copy_json, drop_nulls
 from .limits import MAX_OBJECT, MAX_VALUES
 from .patch import (ApplyConflict, PatchError, PatchLimit, json_merge_patch, json_patch, record_update,
@@ -427,7 +427,11 @@ class Registry:
         obj["kind"], obj["apiVersion"] = res.kind, res.api_version
 
     def _check_apply_kind(self, res: Resource, body: Obj) -> None:
-        """An apply patch names its type in full (kube-apiserver's versionCheckManager)."""
+        """An apply patch names its type in full (kube-apiserver's versionCheckManager) and
+        sends no managedFields (its fieldmanager's applyPatcher: what a manager owns is the
+        server's record, never the applier's say)."""
+        if meta.nested(body, "metadata", "managedFields") not in (None, []):
+            raise errors.bad_request("metadata.managedFields must be nil")
         kind, api_version = body.get("kind"), body.get("apiVersion")
         if kind != res.kind or api_version != res.api_version:
             group, _, version = (api_version if isinstance(api_version, str) else "").rpartition("/")
@@ -435,6 +439,16 @@ class Registry:
             raise errors.bad_request(f"invalid object type: {got} (an apply patch must give apiVersion "
                                      f"{res.api_version} and kind {res.kind})")
         self._check_kind(res, body)
+
+    @staticmethod
+    def _check_applied_types(res: Resource, body: Obj) -> None:
+        """A custom resource's applied configuration with a value of the wrong type is a 422
+        naming it before anything else, a conflict included (structured-merge-diff types
+        the configuration by the schema before it merges)."""
+        if res.custom and res.schema:
+            errs = schemavalidation.type_errors(body, res.schema)
+            if errs:
+                raise errors.invalid(res.kind, objects.name(body), errs, res.group)
 
     def _validate(self, res: Resource, obj: Obj, errs: builtins.list[tuple[str, str]]) -> None:
         md = obj["metadata"]
@@ -584,7 +598,10 @@ class Registry:
             if subresource == "status":
                 res.strategy.prepare_for_status_update(new, old)
             else:
+                bound = new.get("status") if subresource == "binding" else None
                 res.strategy.prepare_for_update(new, old)
+                if bound is not None:
+                    new["status"] = bound   # a binding sets PodScheduled in its write (kube32.apiserver.binding)
             md = new["metadata"]
             md.pop("resourceVersion", None)
             if res.strategy.spec_changed(new, old) and "generation" in omd:
@@ -654,7 +671,7 @@ class Registry:
                 return await self._apply_create(res, ns, name, body, manager, force, dry_run, big), True
             big_write = big or len(kv.value) > BIG_OBJECT
             current = await _pass(big_write, decode, kv)
-            new = await _pass(big_write, self.patched, res, current, patch_type, body, manager, force)
+            new = await _pass(big_write, self.patched, res, current, patch_type, body, manager, force, subresource)
             if not isinstance(new, dict) or not isinstance(new.get("metadata", {}), dict):
                 raise errors.bad_request(f"the patched {res.kind} is not an object with an object "
                                          "metadata: the patch replaces one with another type")
@@ -673,7 +690,7 @@ class Registry:
         raise errors.conflict(res.plural, name, res.group)
 
     def patched(self, res: Resource, current: Obj, patch_type: str, body: Any,
-                 manager: str, force: bool) -> Obj:
+                 manager: str, force: bool, subresource: str | None = None) -> Obj:
         try:
             if patch_type == PATCH_JSON:
                 if not isinstance(body, list):
@@ -689,7 +706,10 @@ class Registry:
             if patch_type == PATCH_STRATEGIC:
                 return strategic_merge_patch(current, body, res.kind)
             self._check_apply_kind(res, body)
-            return server_side_apply(current, body, manager or "unknown", force, res.rules)
+            applicable = _applicable(res, body, subresource)
+            self._check_applied_types(res, applicable)
+            return server_side_apply(current, applicable, manager or "unknown", force, res.rules,
+                                     subresource=subresource)
         except ApplyConflict as e:
             raise self._apply_conflict(res, objects.name(current), e) from None
         except PatchError as e:
@@ -699,9 +719,7 @@ class Registry:
     def _apply_conflict(res: Resource, name: str, e: ApplyConflict) -> errors.APIError:
         causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {whom}", "field": field}
                   for field, _, whom in e.conflicts]
-        text = "; ".join(f"conflict with {whom}: {field}" for field, _, whom in e.conflicts)
-        err = errors.APIError(409, "Conflict", f"Apply failed with {len(causes)} conflict"
-                              f"{'s' if len(causes) != 1 else ''}: {text}",
+        err = errors.APIError(409, "Conflict", str(e),
                               details={"name": name, "group": res.group, "kind": res.plural,
                                        "causes": causes})
         return err
@@ -1029,6 +1047,22 @@ def _replaced(old: Obj, new: Obj, revision: int) -> Obj:
     md["resourceVersion"] = str(revision)
     md["annotations"] = {**(md.get("annotations") or {}), Annotation.REPLACED_BY: objects.uid(new)}
     return {**old, "metadata": md}
+
+
+def _applicable(res: Resource, body: Obj, subresource: str | None) -> Obj:
+    """What of an applied configuration its write may change, as Kubernetes' reset fields:
+    an apply to /status its status alone; to the object, all but its status when the
+    kind has a status subresource.  The rest would be reset by the strategy, and an
+    applier owns only what it wrote."""
+    identity = {"apiVersion", "kind"}
+    if subresource == "status":
+        md = objects.meta(body)
+        kept = {k: v for k, v in body.items() if k in identity | {"status"}}
+        kept["metadata"] = {k: md[k] for k in ("name", "namespace") if k in md}
+        return kept
+    if res.strategy.has_status and "status" in body:
+        return {k: v for k, v in body.items() if k != "status"}
+    return body
 
 
 def check_preconditions(res: Resource, obj: Obj, preconditions: Any) -> None:

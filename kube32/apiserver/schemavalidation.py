@@ -268,6 +268,23 @@ def validate(obj: Any, schema: Schema, path: str = "") -> Errors:
     return errs
 
 
+LIST_TYPE_DUPLICATE = "Duplicate value: "   # the start of every x-kubernetes-list-type refusal
+
+
+TYPE_MISMATCH = " in body must be of type "   # in every refusal of a value of the wrong type
+
+
+def type_errors(obj: Any, schema: Schema) -> Errors:
+    """The errors of :func:`validate` that are a value of the wrong type (what a partial
+    object, an applied configuration, can be judged on: it need not hold required fields)."""
+    return [e for e in validate(obj, schema) if TYPE_MISMATCH in e[1]]
+
+
+def is_list_type_error(error: tuple[str, str]) -> bool:
+    """Whether an error of :func:`validate` is an ``x-kubernetes-list-type`` duplicate."""
+    return error[1].startswith(LIST_TYPE_DUPLICATE)
+
+
 def _validate(value: Any, s: Schema, path: str, errs: Errors, root: bool = False) -> None:
     where = path or "<root>"
     if value is None:
@@ -276,7 +293,7 @@ def _validate(value: Any, s: Schema, path: str, errs: Errors, root: bool = False
     if not _type_ok(value, s):
         want = "integer or string" if s.get("x-kubernetes-int-or-string") else s.get("type")
         got = _type_name(value)
-        errs.append((path, f'Invalid value: "{got}": {where} in body must be of type {want}: "{got}"'))
+        errs.append((path, f'Invalid value: "{got}": {where}{TYPE_MISMATCH}{want}: "{got}"'))
         return
     if "enum" in s and isinstance(s["enum"], list) and value not in s["enum"]:
         allowed = ", ".join(_shown(v) for v in s["enum"])
@@ -362,7 +379,7 @@ def _validate_list_type(value: list[Any], s: Schema, path: str, errs: Errors) ->
         for i, item in enumerate(value):
             key = json.dumps(item, sort_keys=True)
             if key in seen:
-                errs.append((f"{path}[{i}]", f"Duplicate value: {_go_value(item)}"))
+                errs.append((f"{path}[{i}]", f"{LIST_TYPE_DUPLICATE}{_go_value(item)}"))
             seen.add(key)
     elif kind == "map" and isinstance(s.get("x-kubernetes-list-map-keys"), list):
         names = [k for k in s["x-kubernetes-list-map-keys"] if isinstance(k, str)]
@@ -373,7 +390,7 @@ def _validate_list_type(value: list[Any], s: Schema, path: str, errs: Errors) ->
             keys = {k: item.get(k) for k in names if k in item}
             key = json.dumps([[k in item, item.get(k)] for k in names], sort_keys=True)
             if key in keyed:
-                errs.append((f"{path}[{i}]", f"Duplicate value: {_go_value(keys)}"))
+                errs.append((f"{path}[{i}]", f"{LIST_TYPE_DUPLICATE}{_go_value(keys)}"))
             keyed.add(key)
 
 

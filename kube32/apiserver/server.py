@@ -34,7 +34,7 @@ from aiohttp import web
 
 from .. import holding, metrics, objects, serving
 from ..store import Store, Unavailable, ValueTooLarge
-from . import (apimetrics, authz, bodies, checkpointstatus, crds, discovery, dryrun, errors, eventbus, health,
+from . import (apimetrics, authz, binding, bodies, checkpointstatus, crds, discovery, dryrun, errors, eventbus, health,
                hold, images, impersonation, kubeletcredentials, meta, nodecredentials, nodeports, nodetokens,
                paging, podreplacement, rbac, serviceaccounts, tables, watchstream)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
@@ -49,7 +49,7 @@ from .kubeletcredentials import KubeletEndpoint
 from .proxy import KubeletProxy, Unreached, check_suffix, kubelet_endpoint, kubelet_url, proxied_name, ready_pods
 from .registry import BIG_OBJECT, PATCH_APPLY, PATCH_STRATEGIC, PATCH_TYPES, Registry, WatchItem, encoded, patch_refusal
 from .resources import NOT_HERE, Resource, by_plural, lookup
-from .routing import ANY, Subresources, Target, created, json_response, query_flag
+from .routing import ANY, Subresources, Target, json_response, query_flag
 from .selectors import parse_field_selector, parse_label_selector
 
 log = logging.getLogger("kube32.apiserver")
@@ -119,6 +119,7 @@ class APIServer:
         self.data = CheckpointDataAPI(self.registry, self.events, self.authorizer, self.kubelets,
                                       data_space or CheckpointDataSpace(SIM_CAPACITY), data_pace or Pace())
         self.crds = crds.Catalog(self.registry)   # the custom resources served (CRDs)
+        self.binding = binding.handler(self.registry)   # pods/<name>/binding and bindings
         self.subresources = self._subresources()
         self.health = health.Health(store)
         self._announce: asyncio.Task[None] | None = None   # this API server's Lease among its peers
@@ -207,6 +208,7 @@ class APIServer:
                                            self._errors_middleware, self._auth_middleware],
                               client_max_size=bodies.MAX_BODY)
         app[bodies.HeavyBodies.KEY] = heavy
+        apimetrics.count_custom(app, self.crds.any_version)
         r = app.router
         # Discovery answers with and without a trailing slash, as kube-apiserver does
         # (kr8s asks for /version/ and /api/, pykube-ng for /apis/<group>/<version>/).
@@ -659,42 +661,6 @@ class APIServer:
         out = await self.registry.mutate(t.res, t.namespace, t.name, set_replicas, dry_run=dry_run,
                                          subresource="scale", manager=field_manager(request))
         return json_response(_scale_of(t.res, out))
-
-    async def binding(self, request: web.Request, t: Target) -> web.Response:
-        """A pod bound to a node: POST pods/<name>/binding, or POST bindings naming the pod
-        in its metadata.name (as kube-apiserver's BindingREST: both create the same)."""
-        dry_run = dryrun.requested(request)
-        body = await bodies.read_body(request, "cannot create bindings")
-        if t.namespace is None:
-            raise errors.bad_request("the namespace of the object must be given")
-        given = meta.nested(body, "metadata", "name")
-        if t.name is not None and given and given != t.name:
-            raise errors.bad_request("name in URL does not match name in Binding object")
-        name = t.name or given
-        if not name or not isinstance(name, str):
-            raise errors.invalid("Binding", "", [("metadata.name", "Required value: name or generateName is required")])
-        body_ns = meta.nested(body, "metadata", "namespace")
-        if body_ns and body_ns != t.namespace:
-            raise errors.bad_request("the namespace of the provided object does not match the namespace "
-                                     "sent on the request")
-        node = meta.nested(body, "target", "name")
-        if not node or not isinstance(node, str):
-            raise errors.invalid("Binding", name, [("target.name", "Required value")])
-        if why := meta.subdomain_problem(node):
-            raise errors.invalid("Binding", name, [("target.name", why)])
-
-        def bind(pod: dict) -> dict:
-            current = pod["spec"].get("nodeName")
-            if current:
-                raise errors.conflict("pods", name, why=f"pod {name} is already assigned to node \"{current}\"")
-            if pod["metadata"].get("deletionTimestamp"):
-                raise errors.conflict("pods", name,
-                                      why=f"pod {name} is being deleted, cannot be assigned to a host")
-            pod["spec"]["nodeName"] = node
-            return pod
-        await self.registry.mutate(by_plural("pods"), t.namespace, name, bind, subresource="binding",
-                                   dry_run=dry_run)
-        return created()
 
     async def eviction(self, request: web.Request, t: Target) -> web.StreamResponse:
         assert t.name is not None

@@ -84,10 +84,15 @@ class Strategy:
         self.default(new)
 
     def prepare_for_status_update(self, new: dict[str, Any], old: dict[str, Any]) -> None:
+        """A status write changes the status alone; its managedFields are kept (a
+        server-side apply to /status records its manager in them)."""
         status = new.get("status")
+        managed = (new.get("metadata") or {}).get("managedFields")
         keep = copy_json(old)
         new.clear()
         new.update(keep)
+        if managed is not None:
+            new.setdefault("metadata", {})["managedFields"] = managed
         if status is not None:
             new["status"] = status
         else:

@@ -289,8 +289,7 @@ class Scheduler(Controller):
         log.info("bound %s/%s to %s", md.get("namespace"), md["name"], node)  # as kube-scheduler's V(2)
         pods.append({**pod, "spec": {**pod["spec"], "nodeName": node}})
         self._reported.pop(md["uid"], None)
-        await self.recorder.record(pod, "Normal", "Scheduled", message)
-        await self._set_condition(pod, "True", None, None)
+        await self.recorder.record(pod, "Normal", "Scheduled", message)   # PodScheduled: set by the binding
 
     async def _unschedulable(self, pod: Obj, message: str) -> None:
         uid = pod["metadata"]["uid"]

@@ -375,6 +375,16 @@ class CustomResourceStrategy(Strategy):
     def validate(self, obj: Obj) -> Errors:
         return schemavalidation.validate(obj, self.schema)
 
+    def validate_update(self, new: Obj, old: Obj) -> Errors:
+        """As apiextensions-apiserver: the x-kubernetes-list-type rules bind an update only
+        when the old object kept them (one stored before its CRD made a list a map list
+        stays writable, its duplicates and all)."""
+        errs = self.validate(new)
+        if any(schemavalidation.is_list_type_error(e) for e in errs) and any(
+                schemavalidation.is_list_type_error(e) for e in self.validate(old)):
+            errs = [e for e in errs if not schemavalidation.is_list_type_error(e)]
+        return errs
+
     async def validate_async(self, new: Obj, old: Obj | None) -> Errors:
         """The schema's x-kubernetes-validations (CEL), off the event loop, once the schema holds."""
         if not self.has_rules:
