@@ -239,14 +239,16 @@ async def decode_async(raw: bytes, ctype: str, what: str) -> Any:
     return await offload.run(decode, raw, ctype, what)
 
 
-def check_fields(res: Resource, obj: Any, validation: str, *, status_only: bool = False) -> list[str]:
+def check_fields(res: Resource, obj: Any, validation: str, *, status_only: bool = False,
+                 omit_empty: bool = True) -> list[str]:
     """Strict: 400 on unknown fields.  Warn: return warnings.  Ignore: nothing.  A built-in
     kind's unknown fields are dropped from ``obj`` whatever the validation, as its typed
-    decoding drops them in kube-apiserver (:mod:`.typedfields`)."""
+    decoding drops them in kube-apiserver (:mod:`.typedfields`), and its empty maps too
+    (``omit_empty``; not from an applied configuration, whose ``data: {}`` its applier owns)."""
     if not isinstance(obj, dict):
         return []
     try:
-        typed = typedfields.prune_unknown(res, obj)
+        typed = typedfields.prune_unknown(res, obj, omit_empty=omit_empty)
         if validation == "Ignore":
             return []
         unknown = res.strategy.unknown_fields(obj) if typed is None else typed

@@ -56,7 +56,7 @@ from ..store import (Compacted, Conflict, KeyExists, KeyNotFound, KeyValue, Stor
 from ..terms import Annotation, NamespacePhase, PodPhase
 from . import errors, meta, offload, paging
 from .keylocks import KeyLocks
-from . import jsonshape, schemavalidation
+from . import jsonshape, schemavalidation, typedfields
 from .jsoncopy import copy_json, drop_nulls
 from .limits import MAX_OBJECT, MAX_VALUES
 from .patch import (ApplyConflict, PatchError, PatchLimit, json_merge_patch, json_patch, record_update,
@@ -708,8 +708,8 @@ class Registry:
             self._check_apply_kind(res, body)
             applicable = _applicable(res, body, subresource)
             self._check_applied_types(res, applicable)
-            return server_side_apply(current, applicable, manager or "unknown", force, res.rules,
-                                     subresource=subresource)
+            return _without_empty_maps(res, server_side_apply(current, applicable, manager or "unknown", force,
+                                                              res.rules, subresource=subresource))
         except ApplyConflict as e:
             raise self._apply_conflict(res, objects.name(current), e) from None
         except PatchError as e:
@@ -735,6 +735,7 @@ class Registry:
                                      f'on the URL ({name})')
         try:
             obj = await _pass(big, server_side_apply, None, body, manager or "unknown", force, res.rules)
+            _without_empty_maps(res, obj)
         except PatchError as e:
             raise errors.APIError(422, "Invalid", f"the applied configuration is invalid: {e}") from None
         obj.setdefault("metadata", {})["name"] = name
@@ -1047,6 +1048,13 @@ def _replaced(old: Obj, new: Obj, revision: int) -> Obj:
     md["resourceVersion"] = str(revision)
     md["annotations"] = {**(md.get("annotations") or {}), Annotation.REPLACED_BY: objects.uid(new)}
     return {**old, "metadata": md}
+
+
+def _without_empty_maps(res: Resource, obj: Obj) -> Obj:
+    """A built-in kind's object as its Go type stores it: no empty map (``omitempty``);
+    an apply's result, whose applier owns the ``data: {}`` it applied."""
+    typedfields.prune_unknown(res, obj, omit_empty=True)
+    return obj
 
 
 def _applicable(res: Resource, body: Obj, subresource: str | None) -> Obj:

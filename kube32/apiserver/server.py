@@ -565,7 +565,8 @@ class APIServer:
                                       "application/yaml" if ptype == PATCH_APPLY else "application/json")
         warnings: list[str] = []
         if ptype == PATCH_APPLY:
-            warnings = bodies.check_fields(t.res, body, request.query.get("fieldValidation", "Warn"))
+            warnings = bodies.check_fields(t.res, body, request.query.get("fieldValidation", "Warn"),
+                                           omit_empty=False)
             if request.query.get("fieldManager") in (None, ""):
                 raise errors.bad_request("PATCH of type apply requires the fieldManager parameter")
         manager = field_manager(request)

@@ -6,7 +6,9 @@ the default) or refused (``Strict``, what kubectl sends: ``strict decoding error
 unknown field "spec.replica"``).  Here the same types are the vendored Kubernetes
 schemas (:mod:`.openapi.documents`): :func:`prune_unknown` walks a body against its
 kind's schema and removes, in place, every member the schema does not name, returning
-their paths as kube-apiserver writes them (``spec.ports[0].targetport``).
+their paths as kube-apiserver writes them (``spec.ports[0].targetport``).  With
+``omit_empty`` it also drops every empty map (``data: {}``, ``labels: {}``): the Go types'
+maps are ``omitempty``, so kube-apiserver never stores or answers one.
 
 Invariants: only kinds described by a vendored ``io.k8s.*`` schema are walked (a custom
 resource is pruned by its own structural schema; the Checkpoint by its strategy); an
@@ -25,15 +27,20 @@ MAX_DEPTH = 100
 _REF = "#/definitions/"
 
 
-def prune_unknown(res: Resource, obj: dict[str, Any]) -> list[str] | None:
-    """Remove from ``obj`` the fields its kind does not have; their paths.  None: the kind
-    has no vendored schema (its strategy judges its fields)."""
+def prune_unknown(res: Resource, obj: dict[str, Any], *, omit_empty: bool = False) -> list[str] | None:
+    """Remove from ``obj`` the fields its kind does not have (and, ``omit_empty``, its empty
+    maps); the unknown fields' paths.  None: the kind has no vendored schema (its strategy
+    judges its fields)."""
     name = schema_name(res.group, res.version, res.kind)
     if res.custom or name is None or not name.startswith("io.k8s."):
         return None
     unknown: list[str] = []
-    _walk(obj, definitions()[name], "", unknown, 0)
+    _walk(obj, definitions()[name], "", unknown, 0, omit_empty)
     return unknown
+
+
+def _is_map(schema: dict[str, Any]) -> bool:
+    return isinstance(schema.get("additionalProperties"), dict) and not isinstance(schema.get("properties"), dict)
 
 
 def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +57,8 @@ def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def _walk(value: Any, schema: dict[str, Any], path: str, unknown: list[str], depth: int) -> None:
+def _walk(value: Any, schema: dict[str, Any], path: str, unknown: list[str], depth: int,
+          omit_empty: bool) -> None:
     if depth > MAX_DEPTH:
         return
     schema = _resolve(schema)
@@ -59,14 +67,16 @@ def _walk(value: Any, schema: dict[str, Any], path: str, unknown: list[str], dep
         if isinstance(props, dict):
             for key in list(value):
                 here = f"{path}.{key}" if path else key
-                if key in props:
-                    _walk(value[key], props[key], here, unknown, depth + 1)
-                else:
+                if key not in props:
                     unknown.append(here)
                     del value[key]
+                elif omit_empty and value[key] == {} and _is_map(_resolve(props[key])):
+                    del value[key]
+                else:
+                    _walk(value[key], props[key], here, unknown, depth + 1, omit_empty)
         elif isinstance(schema.get("additionalProperties"), dict):
             for key, item in value.items():
-                _walk(item, schema["additionalProperties"], f"{path}.{key}", unknown, depth + 1)
+                _walk(item, schema["additionalProperties"], f"{path}.{key}", unknown, depth + 1, omit_empty)
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(value):
-            _walk(item, schema["items"], f"{path}[{i}]", unknown, depth + 1)
+            _walk(item, schema["items"], f"{path}[{i}]", unknown, depth + 1, omit_empty)

@@ -637,7 +637,7 @@ def test_builtin_configmap_drop_coowned_keys(api):
         api.req("DELETE", p)
 
 
-@pytest.mark.xfail(strict=True, reason="open: built-in kinds keep an applied empty map (docs/reference.md)")
+
 def test_builtin_empty_maps_are_omitted_as_kubernetes_does(api):
     """Kubernetes stores built-in kinds as Go structs whose maps are `omitempty`: a ConfigMap
     applied with `data: {}` and `metadata.annotations: {}` comes back without `data` and
