@@ -4,8 +4,9 @@ pod in its ``metadata.name``, as kube-apiserver's BindingREST (both create the s
 Judged in this order, each refusal naming its cause, nothing written on any:
 
 1. the body: a JSON object whose ``kind`` (when given) is ``Binding`` and ``apiVersion``
-   ``v1`` (400); its namespace, when given, the URL's (400); on ``pods/<name>/binding``
-   a name, when given, the URL's (400); on ``bindings`` a name (422);
+   ``v1``, its metadata and target objects (400, as a typed decoder refuses them); its
+   namespace, when given, the URL's (400); on ``pods/<name>/binding`` a name, when
+   given, the URL's (400); on ``bindings`` a name (422);
 2. its target (ValidatePodBinding, 422): ``target.kind`` empty or ``Node``,
    ``target.name`` given and a valid node name;
 3. the pod, in the write: it exists (404); the Binding's ``metadata.uid`` and
@@ -18,6 +19,7 @@ The write sets ``spec.nodeName``, copies the Binding's annotations onto the pod,
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aiohttp import web
@@ -39,8 +41,10 @@ def _checked(body: Any, t: Target) -> tuple[str, str, Obj]:
     kind, version = body.get("kind"), body.get("apiVersion")
     if (kind is not None and kind != "Binding") or (version is not None and version != "v1"):
         raise errors.bad_request(f"the body of a binding must be a Binding of v1, not {kind} of {version}")
-    given_md = body.get("metadata")
-    md: Obj = given_md if isinstance(given_md, dict) else {}
+    for field in ("metadata", "target"):
+        if body.get(field) is not None and not isinstance(body[field], dict):
+            raise errors.bad_request(f"a Binding's {field} must be an object, not {json.dumps(body[field])[:100]}")
+    md: Obj = body.get("metadata") or {}
     if md.get("namespace") and md["namespace"] != t.namespace:
         raise errors.bad_request("the namespace of the provided object does not match the namespace "
                                  "sent on the request")

@@ -90,7 +90,8 @@ def invalid(kind: str, name: str, causes: list[tuple[str, str]], group: str = ""
         text = "[" + ", ".join(f"{f}: {m}" if f else m for f, m in causes) + "]"
     details = _details(kind, name, group)
     details["causes"] = [{"reason": _reason(m), "message": m, "field": f} for f, m in causes]
-    return APIError(422, "Invalid", f'{kind} "{name}" is invalid: {text}', details=details)
+    qualified_kind = f"{kind}.{group}" if group else kind   # schema.GroupKind's String(), as NewInvalid
+    return APIError(422, "Invalid", f'{qualified_kind} "{name}" is invalid: {text}', details=details)
 
 
 def bad_request(message: str) -> APIError:

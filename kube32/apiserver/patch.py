@@ -129,6 +129,7 @@ from datetime import datetime, timezone
 from typing import AbstractSet as Set, Any, Iterable, Mapping
 
 from .. import objects
+from . import gostrings
 from .jsoncopy import copy_json, drop_nulls
 from .limits import JSON_PATCH_MAX_COPY_BYTES, MAX_DEPTH, MAX_JSON_PATCH_OPERATIONS
 
@@ -1177,7 +1178,9 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
     result = _apply_merge(_deep_copy(live), config, schema)
     conflicts = _conflicts(live, result, mine, others)
     if conflicts and not force:
-        raise ApplyConflict(sorted({(_path_string(p), e.manager, _whom(e)) for p, e in conflicts}))
+        unique = {(p, e.manager, _whom(e)) for p, e in conflicts}
+        raise ApplyConflict([(_path_string(p), manager, whom) for p, manager, whom in
+                             sorted(unique, key=lambda c: (_path_order(c[0]), c[2]))])
     lost: dict[int, set[_Path]] = {}
     for path, other in conflicts:
         lost.setdefault(id(other), set()).add(path)
@@ -1200,7 +1203,7 @@ def server_side_apply(live: dict | None, applied: dict, manager: str, force: boo
             managed.append(updated.raw)
     if previous is None and mine:
         managed.append(mine_entry)
-    result.setdefault("metadata", {})["managedFields"] = managed
+    result.setdefault("metadata", {})["managedFields"] = _capped(managed)
     return result
 
 
@@ -1222,12 +1225,41 @@ def _conflicts(live: dict, merged: dict, mine: set[_Path],
     return found
 
 
+def _value_order(value: Any) -> tuple[int, Any]:
+    if value is None:
+        return (0, 0)
+    if isinstance(value, bool):
+        return (1, value)
+    if isinstance(value, (int, float)):
+        return (2, value)
+    return (3, str(value))
+
+
+def _element_order(element: str) -> tuple[int, Any]:
+    """structured-merge-diff's PathElement order: field names, then keys (their fields
+    by name, values by type and value: 2 before 10), then set values."""
+    if element.startswith("f:"):
+        return (0, element[2:])
+    if element.startswith("k:"):
+        keys = _path_keys(element) or {}
+        return (1, [(k, _value_order(v)) for k, v in sorted(keys.items())])
+    value = _path_value(element)
+    return (2, _value_order(None if value is _MISSING else value))
+
+
+def _path_order(path: _Path) -> tuple:
+    """A set of paths in structured-merge-diff's order (its Set.Iterate): at each node the
+    fields that end there before those that go deeper, each group in element order."""
+    elements = [e for e in path if e != "."]
+    return tuple((0 if i == len(elements) - 1 else 1, _element_order(e)) for i, e in enumerate(elements))
+
+
 def _whom(entry: _Entry) -> str:
     """An owner as Kubernetes' conflicts name it (printManager: an applier's identity has
     no apiVersion, an updater's has)."""
-    words = json.dumps(entry.manager)
+    words = gostrings.quote(entry.manager)
     if entry.raw.get("subresource"):
-        words += f" with subresource {json.dumps(entry.raw['subresource'])}"
+        words += f" with subresource {gostrings.quote(str(entry.raw['subresource']))}"
     if entry.operation != "Apply" and entry.raw.get("apiVersion"):
         words += f" using {entry.raw['apiVersion']}"
     return words
@@ -1251,6 +1283,52 @@ def _remove_dropped(result: dict, dropped: Set[_Path], mine: Set[_Path],
     # first (an item goes with its fields).
     targets = sorted({_item_prefix(p) for p in dropped} - protected, key=len)
     _remove_paths(result, targets)
+
+
+MAX_UPDATE_MANAGERS = 10
+ANCIENT_CHANGES = "ancient-changes"
+
+
+def _capped(managed: list[dict]) -> list[dict]:
+    """At most ``MAX_UPDATE_MANAGERS`` Update entries, as kube-apiserver's capManagers: the
+    oldest (by time, then name) are merged, per apiVersion, into an ``ancient-changes``
+    entry until no more are left over (the first of each version waits for a second)."""
+    entries = _read_entries({"metadata": {"managedFields": managed}})
+    updaters = [e for e in entries if e.operation != "Apply" and e.fields is not None]
+    if len(updaters) <= MAX_UPDATE_MANAGERS:
+        return managed
+    gone: set[int] = set()
+    buckets: dict[str, dict] = {}   # apiVersion -> the ancient-changes entry's fields and time
+    for entry in updaters:
+        if entry.key == (ANCIENT_CHANGES, "Update", ""):   # an earlier cap's: merged into again
+            bucket = buckets.setdefault(str(entry.raw.get("apiVersion") or ""), {"fields": set(), "time": None})
+            bucket["fields"] |= entry.fields or set()
+            bucket["time"] = max(str(bucket["time"] or ""), str(entry.raw.get("time") or "")) or None
+            gone.add(id(entry.raw))
+    length = len(updaters) - len(gone) + len(buckets)
+    first: dict[str, _Entry] = {}
+    for entry in sorted((e for e in updaters if id(e.raw) not in gone),
+                        key=lambda e: (str(e.raw.get("time") or ""), e.manager)):
+        if length <= MAX_UPDATE_MANAGERS:
+            break
+        version = str(entry.raw.get("apiVersion") or "")
+        if version not in first and version not in buckets:
+            first[version] = entry
+            continue
+        if version not in buckets:
+            older = first[version]
+            gone.add(id(older.raw))
+            buckets[version] = {"fields": set(older.fields or ()), "time": older.raw.get("time")}
+        bucket = buckets[version]
+        bucket["fields"] |= entry.fields or set()
+        bucket["time"] = entry.raw.get("time")
+        gone.add(id(entry.raw))
+        length -= 1
+    kept = [raw for raw in managed if id(raw) not in gone]
+    for version, bucket in buckets.items():
+        raw = _entry(ANCIENT_CHANGES, "Update", version or None, bucket["time"] or _now_rfc3339(), bucket["fields"])
+        kept.append(raw)
+    return kept
 
 
 # ----------------------------------------------------------------- plain writes
@@ -1314,4 +1392,4 @@ def record_update(old: dict | None, new: dict, manager: str, kind: str | FieldRu
             raw["subresource"] = subresource
         position = entries.index(previous) if previous is not None else len(managed)
         managed.insert(min(position, len(managed)), raw)
-    md["managedFields"] = managed
+    md["managedFields"] = _capped(managed)

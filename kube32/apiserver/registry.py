@@ -719,9 +719,7 @@ class Registry:
     def _apply_conflict(res: Resource, name: str, e: ApplyConflict) -> errors.APIError:
         causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {whom}", "field": field}
                   for field, _, whom in e.conflicts]
-        err = errors.APIError(409, "Conflict", str(e),
-                              details={"name": name, "group": res.group, "kind": res.plural,
-                                       "causes": causes})
+        err = errors.APIError(409, "Conflict", str(e), details={"causes": causes})   # as NewApplyConflict
         return err
 
     async def _apply_create(self, res: Resource, ns: str | None, name: str, body: Any,
@@ -734,7 +732,9 @@ class Registry:
             raise errors.bad_request(f'the name of the object ({md["name"]}) does not match the name '
                                      f'on the URL ({name})')
         try:
-            obj = await _pass(big, server_side_apply, None, body, manager or "unknown", force, res.rules)
+            # A create by apply owns what its write keeps: not a status the strategy drops.
+            obj = await _pass(big, server_side_apply, None, _applicable(res, body, None), manager or "unknown",
+                              force, res.rules)
             _without_empty_maps(res, obj)
         except PatchError as e:
             raise errors.APIError(422, "Invalid", f"the applied configuration is invalid: {e}") from None
@@ -847,6 +847,8 @@ class Registry:
         """The object to store instead of deleting it, or None to delete now."""
         md = obj["metadata"]
         finalizers = list(md.get("finalizers") or [])
+        if not md.get("deletionTimestamp"):
+            finalizers += [f for f in res.strategy.delete_finalizers if f not in finalizers]
         if propagation == "Foreground" and "foregroundDeletion" not in finalizers:
             finalizers.append("foregroundDeletion")
         if propagation == "Orphan" and "orphan" not in finalizers:

@@ -34,9 +34,9 @@ from aiohttp import web
 
 from .. import holding, metrics, objects, serving
 from ..store import Store, Unavailable, ValueTooLarge
-from . import (apimetrics, authz, binding, bodies, checkpointstatus, crds, discovery, dryrun, errors, eventbus, health,
-               hold, images, impersonation, kubeletcredentials, meta, nodecredentials, nodeports, nodetokens,
-               paging, podreplacement, rbac, serviceaccounts, tables, watchstream)
+from . import (apimetrics, authz, binding, bodies, checkpointstatus, crds, discovery, dryrun, errors, eventbus,
+               gostrings, health, hold, images, impersonation, kubeletcredentials, meta, nodecredentials, nodeports,
+               nodetokens, paging, podreplacement, rbac, serviceaccounts, tables, watchstream)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .checkpointdata import CheckpointDataAPI
 from .dataspace import SIM_CAPACITY, CheckpointDataSpace, Pace
@@ -568,7 +568,8 @@ class APIServer:
             warnings = bodies.check_fields(t.res, body, request.query.get("fieldValidation", "Warn"),
                                            omit_empty=False)
             if request.query.get("fieldManager") in (None, ""):
-                raise errors.bad_request("PATCH of type apply requires the fieldManager parameter")
+                raise errors.invalid("PatchOptions", "", [("fieldManager", "Required value: is required for "
+                                                                           "apply patch")], "meta.k8s.io")
         manager = field_manager(request)
         if t.res.group == rbac.GROUP:   # what the patch would make must not escalate
             current = await self.registry.try_get(t.res, t.namespace, t.name)
@@ -807,11 +808,18 @@ def _no_endpoints(service: str) -> errors.APIError:
 def field_manager(request: web.Request) -> str:
     """Who writes, for managedFields: the ``fieldManager`` parameter, else what the
     User-Agent names before its first "/" (kube-apiserver's prefixFromUserAgent), at
-    most 128 characters; a fieldManager longer or not printable is a 400."""
+    most 128 characters; a fieldManager longer or not printable is a 422 in
+    ValidateFieldManager's words."""
     given = request.query.get("fieldManager")
     if given:
-        if len(given) > MAX_FIELD_MANAGER or not given.isprintable():
-            raise errors.bad_request(f"fieldManager must be at most {MAX_FIELD_MANAGER} printable characters")
+        causes = [("fieldManager", f"Too long: may not be more than {MAX_FIELD_MANAGER} bytes")] \
+            if len(given.encode()) > MAX_FIELD_MANAGER else []
+        causes += [("fieldManager", f"Invalid value: {gostrings.quote(given)}: invalid character U+{ord(c):04X} "
+                                    f"(at position {len(given[:i].encode())})")
+                   for i, c in enumerate(given) if not c.isprintable()]
+        if causes:
+            options = {"POST": "CreateOptions", "PUT": "UpdateOptions"}.get(request.method, "PatchOptions")
+            raise errors.invalid(options, "", causes, "meta.k8s.io")
         return given
     agent = request.headers.get("User-Agent", "").split("/", 1)[0]
     return "".join(c for c in agent if c.isprintable())[:MAX_FIELD_MANAGER] or "unknown"

@@ -113,6 +113,10 @@ class Strategy:
         every write (``old``: None on a create), status and scale writes too."""
         return []
 
+    # Finalizers a deletion of the kind always starts with (added then if an update removed
+    # them: a CRD's cleanup of its objects, as apiextensions' Delete adds it).
+    delete_finalizers: tuple[str, ...] = ()
+
     def delete_refusal(self, obj: dict[str, Any]) -> str | None:
         """Why ``obj`` may never be deleted (403, before anything is written), or None."""
         return None

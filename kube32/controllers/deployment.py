@@ -467,7 +467,10 @@ class DeploymentController(Controller):
                 set_cond(PROGRESSING, "True", DeploymentReason.REPLICA_SET_UPDATED,
                          f'ReplicaSet "{name}" is progressing.',
                          progress=progressed or (prev or {}).get("reason") != DeploymentReason.REPLICA_SET_UPDATED)
-        status["conditions"] = [conds[t] for t in (AVAILABLE, PROGRESSING) if t in conds]
+        # Its own two first, then any other a user or a tool set, kept (as the Deployment
+        # controller keeps conditions it does not manage).
+        status["conditions"] = [conds[t] for t in (AVAILABLE, PROGRESSING) if t in conds] + [
+            c for t, c in conds.items() if t not in (AVAILABLE, PROGRESSING)]
         return status
 
     async def sync_status(self, d: Obj, new_rs: Obj | None, old_sets: list[Obj]) -> None:

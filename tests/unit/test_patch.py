@@ -906,3 +906,22 @@ def test_lists_without_their_merge_key_are_owned_whole() -> None:
            "spec": {"containers": [{"image": "a"}, {"image": "b"}]}}
     record_update(None, old, "w", "Pod", now=NOW)
     assert _written(old, "w") == {".spec.containers"}
+
+
+def test_update_managers_are_capped_at_ten_into_ancient_changes() -> None:
+    """As kube-apiserver's capManagers: past 10 Update entries the oldest merge, per
+    apiVersion, into one `ancient-changes` entry; Apply entries do not count."""
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {}}
+    obj = server_side_apply(None, {**cm, "data": {"applied": "x"}}, "applier", False, "ConfigMap", now=NOW)
+    for i in range(30):
+        new = json.loads(json.dumps(obj))
+        new["data"][f"k{i}"] = str(i)
+        record_update(obj, new, f"m{i:02}", "ConfigMap", now=f"2026-12-03T10:{i:02}:00Z")
+        obj = new
+    entries = obj["metadata"]["managedFields"]
+    updates = [e for e in entries if e["operation"] == "Update"]
+    assert len(updates) == 10 and ("applier", "Apply") in {(e["manager"], e["operation"]) for e in entries}
+    ancient = [e for e in updates if e["manager"] == "ancient-changes"]
+    assert len(ancient) == 1
+    assert {f"f:k{i}" for i in range(21)} <= set(ancient[0]["fieldsV1"]["f:data"])
+    assert [e["manager"] for e in updates if e["manager"] != "ancient-changes"] == [f"m{i}" for i in range(21, 30)]

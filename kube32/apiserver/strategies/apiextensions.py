@@ -75,6 +75,7 @@ def storage_version(crd: Obj) -> str | None:
 
 class CustomResourceDefinitionStrategy(Strategy):
     kind = "CustomResourceDefinition"
+    delete_finalizers = (CLEANUP_FINALIZER,)   # its objects go with it, whatever an update did
     top_fields = {"spec", "status"}
     columns = [NAME_COLUMN, Column("Created At", type="date", description="creation time")]
     spec_fields = ("spec",)
@@ -356,7 +357,7 @@ class CustomResourceStrategy(Strategy):
         super().prepare_for_status_update(new, old)
         schemavalidation.prune(new, self.schema)
         schemavalidation.apply_defaults(new, self.schema)
-        errs = [e for e in schemavalidation.validate(new, self.schema) if e[0].startswith("status")]
+        errs = [e for e in self.validate_update(new, old) if e[0].startswith("status")]
         if errs:
             raise errors.invalid(self.kind, objects.name(new), errs, self.group)
 
