@@ -94,7 +94,9 @@ from ..snapshot.writer import ASYNC_WRITE
 from ..terms import GROUP, Cause, CheckpointPhase, Header
 from . import apimetrics, authz, checkpointstatus, errors
 from ..aio import FairShare
-from .dataspace import (BOARD_CAPACITY, IN_FLIGHT_PHASES, SIM_CAPACITY, Buffer, CheckpointDataSpace, Held, Pace,
+from .datafacts import DataFacts
+from .dataspace import (BOARD_CAPACITY, IN_FLIGHT_PHASES, SIM_CAPACITY, Buffer, CheckpointDataSpace, Checkpoints,
+                        Held, Pace,
                         PaceClock, Room, Stored, may_wait, refusal, to_drop, waiting)
 from .eventbus import Hold
 from .heldevents import HeldEvents
@@ -244,6 +246,9 @@ class CheckpointDataAPI:
         # The control plane takes one snapshot at a time, namespaces in turn (FairShare).
         self._pulls = FairShare(1)
         self._storing = asyncio.Lock()  # what goes for data is decided and done in one step
+        # What each stored data's standing depends on, kept from the store's watch (started
+        # by start(); until then a look lists, as it did).
+        self.facts = DataFacts(registry, registry.shared_decode)
         self.room = Room(space, self._read_objects)  # room promised to data before it is stored, in line
         self.held_events = HeldEvents(registry, events)
         self.peers: Peers | None = None  # the other API servers, when they share the store (APIServer.join_peers)
@@ -252,14 +257,18 @@ class CheckpointDataAPI:
         registry.delete_marked["checkpoints"] = lambda _res, ck: self._settled(
             ck["metadata"].get("namespace"), ck["metadata"]["name"])
 
+    async def start(self) -> None:
+        """Follow what the data's standings read (kube32.apiserver.datafacts)."""
+        await self.facts.start()
+
     async def close(self) -> None:
+        await self.facts.close()
         await self.held_events.close()
 
-    async def _read_objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Every Checkpoint and every pod: what the standing of each data depends on."""
-        checkpoints, _ = await self.registry.list(by_plural("checkpoints"), None)
-        pods, _ = await self.registry.list(by_plural("pods"), None)
-        return checkpoints, pods
+    async def _read_objects(self) -> tuple[Checkpoints, list[dict[str, Any]]]:
+        """Every Checkpoint and the pods that restore from one: what the standing of each
+        data depends on (kube32.apiserver.datafacts: from the watch, not a list of every pod)."""
+        return await self.facts.read()
 
     async def _on_delete(self, res: Resource, obj: dict[str, Any]) -> None:
         self.space.drop(obj["metadata"]["uid"])

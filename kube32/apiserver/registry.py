@@ -890,6 +890,10 @@ class Registry:
         return gone
 
     # --- watch --------------------------------------------------------------
+    def shared_decode(self, kv: KeyValue) -> Obj:
+        """:meth:`_shared_decode` for readers in the API server (kube32.apiserver.datafacts)."""
+        return self._shared_decode(kv)
+
     def _shared_decode(self, kv: KeyValue) -> Obj:
         """One decoded copy of a stored version for every watcher it reaches (each write
         fans out to the kubelets', the controllers' and users' watches) and every list that
