@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -27,7 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 from bench import cluster, report
 from kube32 import objects
@@ -41,6 +42,8 @@ PROBES = 100
 GRACE_SECONDS = 20.0
 CHECKPOINT_EVERY = 15.0
 PROBE_ANNOTATION = "bench.kube32.io/probe"
+SPACE_FLOOR = 16 << 20          # the control plane's checkpoint data space: the simulator's ...
+SPACE_PER_POD = 256 << 10       # ... and this much more for each pod that a loss or a drain checkpoints
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -91,6 +94,11 @@ class Plan:
     grace: float = GRACE_SECONDS  # the control plane's node-monitor grace period
     trace: Path | None = None     # tracemalloc both processes, reports in this directory
 
+    def sized(self, n: int) -> tuple[int, int]:
+        """(nodes to drain, nodes to lose) at ``n`` nodes: at most a quarter and a third
+        of them, so the others can take their pods."""
+        return min(self.drain, n // 4), min(self.lose, n // 3)
+
 
 def _sim(trace: Path | None, name: str, *args: str) -> list[str]:
     if trace is None:
@@ -100,9 +108,12 @@ def _sim(trace: Path | None, name: str, *args: str) -> list[str]:
 
 async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="kube32-bench-fleet-"))
+    # Room for every lost pod's latest periodic checkpoint and a drain's moves beside it:
+    # the simulator's 16 MiB holds about a hundred counters' snapshots.
+    space = SPACE_FLOOR + SPACE_PER_POD * plan.pods_per_node * (plan.sized(n)[1] + plan.sized(n)[0])
     cp = _start(_sim(plan.trace, "control-plane", "control-plane", "--data-dir", str(tmp), "--port", "0",
                      "--no-kubelet", "--node-monitor-grace-period", f"{plan.grace:g}s",
-                     "--pod-eviction-timeout", "1s"), tmp / "control-plane.log")
+                     "--pod-eviction-timeout", "1s", "--checkpoint-space", str(space)), tmp / "control-plane.log")
     fleet: subprocess.Popen | None = None
     api: Client | None = None
     try:
@@ -121,14 +132,17 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         ready_at = await cluster.Cluster.wait(lambda: _ready_at(api, n, fleet, began), 60 + n, f"{n} nodes Ready",
                                               interval=0.25)
         nodes = [f"fleet-{i}" for i in range(1, n + 1)]
-        lost = nodes[n - plan.lose:] if plan.lose else []
+        print(f"  {n} nodes Ready in {ready_at:.1f} s", flush=True)
+        drain, lose = plan.sized(n)
+        lost = nodes[n - lose:] if lose else []
         pods_s = None
         if plan.pods_per_node:
             t_pods = time.monotonic()
-            await _create_pods(api, nodes, plan.pods_per_node, image, set(lost))
+            await _create_pods(api, nodes, plan.pods_per_node, image)
             await cluster.Cluster.wait(lambda: _pods_done(api, n * plan.pods_per_node), 120 + 2 * n,
                                        "pods running", 0.5)
             pods_s = time.monotonic() - t_pods
+            print(f"  {n * plan.pods_per_node} pods Running in {pods_s:.1f} s", flush=True)
         await asyncio.sleep(2)   # the last joins' first status writes
         cp_cpu, fl_cpu = cpu_seconds(cp.pid), cpu_seconds(fleet.pid)
         load0 = os.getloadavg()[0]
@@ -148,10 +162,15 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         probe = f"{nodes[0]}-1" if plan.pods_per_node else None
         out["watch_ms"] = await watch_delivery(api, probe, plan.probes)
         out["list_ms"] = await list_times(api, nodes[0])
-        if plan.lose:   # first: a drain's replacements on the nodes to lose would have no checkpoint
-            out["lose"] = await lose_nodes(api, fleet, lost, plan.grace)
-        if plan.drain:
-            out["drain"] = await drain_nodes(api, nodes[:plan.drain])
+        print(f"  at rest: {json.dumps(out)}", flush=True)
+        if drain and lose:   # the pods of the lost nodes go elsewhere than the nodes to drain
+            await _cordon(api, nodes[:drain])
+        if lose:   # first: the drain's pods stay off the nodes to lose (cordoned nodes are not the lost ones)
+            async with _profiling(cp.pid, profile_out, "lose"):
+                out["lose"] = await lose_nodes(api, fleet, lost, plan.grace)
+        if drain:
+            async with _profiling(cp.pid, profile_out, "drain"):
+                out["drain"] = await drain_nodes(api, nodes[:drain])
         print(f"  {n} nodes: {json.dumps(out)}", flush=True)
         return out
     finally:
@@ -163,19 +182,56 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def _create_pods(api: Client, nodes: list[str], per_node: int, image: str, periodic: set[str]) -> None:
-    """``per_node`` counter pods bound to each node; those on ``periodic`` nodes take a
-    periodic checkpoint (only they: a thousand pods checkpointing would be the load)."""
+async def _create_pods(api: Client, nodes: list[str], per_node: int, image: str) -> None:
+    """``per_node`` counter pods bound to each node."""
     gate = asyncio.Semaphore(8)
 
     async def one(node: str, j: int) -> None:
         pod = cluster.counter_pod(f"{node}-{j}", image, node, labels={"kube32.io/fleet-node": node})
         pod["spec"]["terminationGracePeriodSeconds"] = 1
-        if node in periodic:
-            pod["metadata"]["annotations"] = {Annotation.CHECKPOINT_INTERVAL: f"{CHECKPOINT_EVERY:g}s"}
         async with gate:
             await api.create(PODS, pod, "default")
     await asyncio.gather(*(one(node, j) for node in nodes for j in range(1, per_node + 1)))
+
+
+async def _cordon(api: Client, nodes: list[str]) -> None:
+    await asyncio.gather(*(api.patch(NODES, n, {"spec": {"unschedulable": True}}) for n in nodes))
+
+
+async def _periodic(api: Client, names: list[str]) -> None:
+    """Periodic checkpoints for these pods only, from now on (so the figures at rest are
+    without them: a thousand pods checkpointing every 15 s are a load of their own)."""
+    gate = asyncio.Semaphore(8)
+
+    async def one(name: str) -> None:
+        async with gate:
+            await api.patch(PODS, name, {"metadata": {"annotations": {
+                Annotation.CHECKPOINT_INTERVAL: f"{CHECKPOINT_EVERY:g}s"}}}, "default")
+    await asyncio.gather(*(one(n) for n in names))
+
+
+@contextlib.asynccontextmanager
+async def _profiling(pid: int, out: Path | None, phase: str) -> AsyncIterator[None]:
+    """py-spy records ``pid`` while the block runs (when ``out``), into ``out``-``phase``."""
+    if out is None:
+        yield
+        return
+    raw = out.with_name(f"{out.stem}-{phase}.raw.txt")
+    p = await asyncio.create_subprocess_exec(_spy(), "record", "--pid", str(pid), "--duration", "900",
+                                             "--rate", "50", "--format", "raw", "--output", str(raw),
+                                             "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        if p.returncode is None:
+            p.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(p.wait(), 60)
+        except asyncio.TimeoutError:
+            p.kill()
+            await p.wait()
+        if raw.exists():
+            out.with_name(f"{out.stem}-{phase}.txt").write_text(top_functions(raw.read_text()))
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -302,7 +358,8 @@ async def lose_nodes(api: Client, fleet: subprocess.Popen, nodes: list[str], gra
     elsewhere again; restored: a pod that came back from its checkpoint."""
     uids = await _pods_of(api, nodes)
     names = sorted(uids)
-    await cluster.Cluster.wait(lambda: _all_checkpointed(api, set(names)), 120 + CHECKPOINT_EVERY,
+    await _periodic(api, names)
+    await cluster.Cluster.wait(lambda: _all_checkpointed(api, set(names)), 120 + CHECKPOINT_EVERY + len(names) / 10,
                                "periodic checkpoints", 0.5)
     assert fleet.stdin is not None
     started = time.monotonic()
@@ -350,10 +407,13 @@ async def _pods_done(api: Client, want: int) -> bool:
     return await _running_pods(api) >= want
 
 
+def _spy() -> str:
+    return shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+
+
 async def _profile(pid: int, seconds: float, out: Path) -> None:
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     raw = out.with_suffix(".raw.txt")
-    p = await asyncio.create_subprocess_exec(spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+    p = await asyncio.create_subprocess_exec(_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)),
                                              "--rate", "50", "--format", "raw", "--output", str(raw),
                                              "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     await p.wait()

@@ -31,7 +31,7 @@ from ..terms import (API_VERSION, FASTEST, Annotation, CheckpointAction, Checkpo
                      Policy, Trigger)
 from .base import Controller
 from .checkpoint import fastest_fit, interp_mops
-from .scheduler import node_ready, pod_requests
+from .scheduler import node_ready, pod_requests, usage_reader
 
 log = logging.getLogger("kube32.autopolicy")
 Obj = dict[str, Any]
@@ -186,7 +186,8 @@ class AutoPolicy(Controller):
             if current is None:
                 continue
             quicker = [n for n in nodes if faster(n, current)]
-            best = fastest_fit(pod, quicker, self.pods.list(), None, {pod["spec"]["nodeName"]})
+            best = fastest_fit(pod, quicker, usage_reader(self.ctx.shared, self.pods.list, objects.uid(pod)), None,
+                               {pod["spec"]["nodeName"]})
             if best is not None:
                 fast, here = interp_mops(by_name[best]), interp_mops(current)
                 await self._move(pod, Trigger.PLACEMENT, best,

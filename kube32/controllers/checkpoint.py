@@ -77,7 +77,7 @@ from ..urlpath import api_path, group_path
 from . import imagecheck
 from .base import Controller, key_of, split_key
 from .podutil import all_running, failure
-from .scheduler import node_misfits, node_ready, pick_node, room_on, usage_by_node
+from .scheduler import UsageOf, node_misfits, node_ready, pick_node_by, room_misfits, usage_reader
 
 log = logging.getLogger("kube32.checkpoint")
 ENDED = metrics.REGISTRY.counter(
@@ -103,12 +103,12 @@ def interp_mops(node: Obj) -> float:
         return 0.0
 
 
-def fastest_fit(pod: Obj, nodes: list[Obj], pods: list[Obj], extra_selector: dict | None,
+def fastest_fit(pod: Obj, nodes: list[Obj], usage_of: UsageOf, extra_selector: dict | None,
                 exclude: set[str]) -> str | None:
-    """The fastest node (``kube32.io/interp-mops``) that takes the pod, never one excluded."""
-    usage = usage_by_node(pods, skip_uid=pod["metadata"].get("uid", ""))
+    """The fastest node (``kube32.io/interp-mops``) that takes the pod, never one excluded
+    (``usage_of``: each node's usage, the pod aside: scheduler.usage_reader)."""
     fits = [n for n in nodes if n["metadata"]["name"] not in exclude
-            and not node_misfits(pod, n, usage.get(n["metadata"]["name"]), extra_selector)]
+            and not node_misfits(pod, n, usage_of(n["metadata"]["name"]), extra_selector)]
     if not fits:
         return None
     return max(fits, key=lambda n: (interp_mops(n), n["metadata"]["name"]))["metadata"]["name"]
@@ -649,6 +649,10 @@ class CheckpointController(Controller):
             log.info("cannot ask %s for the blockers of %s/%s: %s", node, md["namespace"], md["name"], e)
             return []
 
+    def _usage_of(self, pod: Obj) -> UsageOf:
+        """Each node's usage, ``pod`` aside (the scheduler's index: O(1) a node)."""
+        return usage_reader(self.ctx.shared, self.pods.list, pod["metadata"].get("uid", ""))
+
     async def _target(self, ck: Obj, pod: Obj) -> str:
         target = objects.spec(ck).get("target") or {}
         source = pod["spec"]["nodeName"]
@@ -660,17 +664,17 @@ class CheckpointController(Controller):
             node = next((n for n in nodes if n["metadata"]["name"] == name), None)
             if node is None:
                 raise MoveError(f'node "{name}" not found')
-            usage = usage_by_node(self.pods.list(), skip_uid=pod["metadata"]["uid"]).get(name)
+            usage = self._usage_of(pod)(name)
             why = node_misfits(pod, node, usage, target.get("nodeSelector"))
             if why:
                 raise MoveError(f"0/1 nodes are available: 1 {why[0]}." if len(why) == 1 else
                                 "0/1 nodes are available: " + ", ".join(f"1 {w}" for w in why) + ".")
             return name
         if objects.annotations(pod).get(Annotation.PLACEMENT) == FASTEST:
-            fastest = fastest_fit(pod, nodes, self.pods.list(), target.get("nodeSelector"), {source})
+            fastest = fastest_fit(pod, nodes, self._usage_of(pod), target.get("nodeSelector"), {source})
             if fastest is not None:
                 return fastest
-        picked, reason = pick_node(pod, nodes, self.pods.list(), target.get("nodeSelector"), {source})
+        picked, reason = pick_node_by(pod, nodes, self._usage_of(pod), target.get("nodeSelector"), {source})
         if picked is None:
             raise MoveError(reason)
         return picked
@@ -974,12 +978,13 @@ class CheckpointController(Controller):
         node = self.nodes.get(source) if source else None
         if node is None or not node_ready(node):
             return None, f"{source} is not Ready"
-        short = room_on(pod, node, self.pods.list())
+        usage_of = self._usage_of(pod)
+        short = room_misfits(pod, node, usage_of(objects.name(node)))
         if short:
             return None, f"{source} has no room for it: {', '.join(short)}"
         if objects.spec(node).get("unschedulable") and objects.labels(ck).get(Label.TRIGGER) == Trigger.EVICTION:
-            other, _ = pick_node(pod, self.nodes.list(), self.pods.list(), None,
-                                 {n for n in (source, target) if n})
+            other, _ = pick_node_by(pod, self.nodes.list(), usage_of, None,
+                                    {n for n in (source, target) if n})
             if other is not None:
                 return other, f"{source} is cordoned"
             if Annotation.EVICTION_ANSWERED in objects.annotations(ck):
