@@ -28,11 +28,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from bench import cluster, report
 from kube32 import objects
-from kube32.client import CHECKPOINTS, CONFIGMAPS, NODES, PODS, Client
+from kube32.client import CHECKPOINTS, CONFIGMAPS, NODES, PODS, ApiError, Client
 from kube32.terms import Annotation, CheckpointPhase
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         if plan.pods_per_node:
             t_pods = time.monotonic()
             await _create_pods(api, nodes, plan.pods_per_node, image)
-            await cluster.Cluster.wait(lambda: _pods_done(api, n * plan.pods_per_node), 120 + 2 * n,
+            await cluster.Cluster.wait(_patient(lambda: _pods_done(api, n * plan.pods_per_node)), 120 + 2 * n,
                                        "pods running", 0.5)
             pods_s = time.monotonic() - t_pods
             print(f"  {n * plan.pods_per_node} pods Running in {pods_s:.1f} s", flush=True)
@@ -297,6 +297,20 @@ async def list_times(api: Client, node: str, repeats: int = 5) -> dict[str, Any]
     return out
 
 
+def _patient(check: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """A wait's check that takes a busy API server's timeout as "not yet" (the bench's
+    own polls must not end a run that a loaded control plane answers slowly)."""
+    async def asked() -> Any:
+        try:
+            return await check()
+        except (ApiError, asyncio.TimeoutError) as e:
+            if isinstance(e, ApiError) and e.code not in (0, 429, 500, 503, 504):
+                raise
+            print(f"  (a poll failed: {e}; asking again)", flush=True)
+            return None
+    return asked
+
+
 async def _states(api: Client, names: list[str]) -> dict[str, Any]:
     gate = asyncio.Semaphore(8)
 
@@ -338,7 +352,8 @@ async def drain_nodes(api: Client, nodes: list[str]) -> dict[str, Any]:
                 "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "default"}},
                 "default")
     await asyncio.gather(*(evict(n) for n in names))
-    await cluster.Cluster.wait(lambda: _replaced(api, uids, nodes), 300, f"{len(names)} pods drained", 0.25)
+    await cluster.Cluster.wait(_patient(lambda: _replaced(api, uids, nodes)), 300, f"{len(names)} pods drained",
+                               0.25)
     seconds = time.monotonic() - started
     after = await _states(api, names)
     kept = sum(1 for n in names if isinstance(before[n], dict) and isinstance(after[n], dict)
@@ -359,13 +374,14 @@ async def lose_nodes(api: Client, fleet: subprocess.Popen, nodes: list[str], gra
     uids = await _pods_of(api, nodes)
     names = sorted(uids)
     await _periodic(api, names)
-    await cluster.Cluster.wait(lambda: _all_checkpointed(api, set(names)), 120 + CHECKPOINT_EVERY + len(names) / 10,
-                               "periodic checkpoints", 0.5)
+    await cluster.Cluster.wait(_patient(lambda: _all_checkpointed(api, set(names))),
+                               120 + CHECKPOINT_EVERY + len(names) / 10, "periodic checkpoints", 0.5)
     assert fleet.stdin is not None
     started = time.monotonic()
     fleet.stdin.write("".join(f"kill {n}\n" for n in nodes).encode())
     fleet.stdin.flush()
-    await cluster.Cluster.wait(lambda: _replaced(api, uids, nodes), grace + 300, f"{len(names)} pods restored", 0.5)
+    await cluster.Cluster.wait(_patient(lambda: _replaced(api, uids, nodes)), grace + 300,
+                               f"{len(names)} pods restored", 0.5)
     seconds = time.monotonic() - started
     after = await _states(api, names)
     restored = sum(1 for n in names if isinstance(after[n], dict) and after[n]["restored_calls"] >= 1)

@@ -32,6 +32,24 @@ Obj = dict[str, Any]
 Handler = Callable[[str, Obj, Obj | None], None]  # (type, obj, old)
 
 
+IndexFunc = Callable[[Obj], "list[str] | tuple[str, ...]"]
+
+
+def _unfile(index: dict[str, dict[str, Obj]], values: "list[str] | tuple[str, ...]", key: str) -> None:
+    for v in values:
+        filed = index.get(v)
+        if filed is not None:
+            filed.pop(key, None)
+            if not filed:
+                del index[v]
+
+
+def by_node_name(obj: Obj) -> tuple[str, ...]:
+    """A pod's index value: its ``spec.nodeName`` (none while unbound)."""
+    node = (obj.get("spec") or {}).get("nodeName")
+    return (node,) if isinstance(node, str) and node else ()
+
+
 def key_of(obj: Obj) -> str:
     md = objects.meta(obj)
     return f"{md['namespace']}/{md['name']}" if md.get("namespace") else md.get("name", "")
@@ -47,6 +65,8 @@ class Informer:
         self.field_selector = field_selector
         self.cache: dict[str, Obj] = {}
         self.handlers: list[Handler] = []
+        # name -> (the values an object is filed under, value -> key -> object), as client-go's Indexer
+        self._indexes: dict[str, tuple[IndexFunc, dict[str, dict[str, Obj]]]] = {}
         self.synced = asyncio.Event()
         self._rv = ""
         self._task: asyncio.Task | None = None
@@ -56,6 +76,37 @@ class Informer:
 
     def get(self, key: str) -> Obj | None:
         return self.cache.get(key)
+
+    def add_index(self, name: str, values: IndexFunc) -> None:
+        """File every cached object under ``values(obj)`` (e.g. a pod under its
+        ``spec.nodeName``), kept with the cache at every change, so :meth:`by_index` is
+        O(the objects filed there), not O(the cache).  Added again: kept as it is."""
+        if name in self._indexes:
+            return
+        index: dict[str, dict[str, Obj]] = {}
+        self._indexes[name] = (values, index)
+        for key, obj in self.cache.items():
+            for v in values(obj):
+                index.setdefault(v, {})[key] = obj
+
+    def by_index(self, name: str, value: str) -> list[Obj]:
+        """The cached objects filed under ``value`` in the index ``name`` (:meth:`add_index`)."""
+        return list(self._indexes[name][1].get(value, {}).values())
+
+    def _put(self, key: str, obj: Obj) -> None:
+        old = self.cache.get(key)
+        self.cache[key] = obj
+        for values, index in self._indexes.values():
+            if old is not None:
+                _unfile(index, values(old), key)
+            for v in values(obj):
+                index.setdefault(v, {})[key] = obj
+
+    def _drop(self, key: str) -> None:
+        old = self.cache.pop(key, None)
+        if old is not None:
+            for values, index in self._indexes.values():
+                _unfile(index, values(old), key)
 
     def list(self) -> list[Obj]:
         return list(self.cache.values())
@@ -85,11 +136,11 @@ class Informer:
         fresh = {key_of(o): o for o in items}
         for key, old in list(self.cache.items()):
             if key not in fresh:
-                del self.cache[key]
+                self._drop(key)
                 self._emit("DELETED", old, old)
         for key, obj in fresh.items():
             was = self.cache.get(key)
-            self.cache[key] = obj
+            self._put(key, obj)
             if was is None:
                 self._emit("ADDED", obj, None)
             elif was.get("metadata", {}).get("resourceVersion") != obj.get("metadata", {}).get("resourceVersion"):
@@ -118,9 +169,9 @@ class Informer:
                     if etype == "ADDED" and old is not None:
                         etype = "MODIFIED"   # the replacement of a DELETED taken above
                     if etype == "DELETED":
-                        self.cache.pop(key, None)
+                        self._drop(key)
                     elif etype in ("ADDED", "MODIFIED"):
-                        self.cache[key] = obj
+                        self._put(key, obj)
                     else:
                         continue
                     self._emit(etype, obj, old)
