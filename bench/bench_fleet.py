@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -30,20 +31,22 @@ import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from bench import cluster, report
+from bench import cluster, pngplot, report
 from kube32 import objects
 from kube32.client import CHECKPOINTS, CONFIGMAPS, NODES, PODS, ApiError, Client
 from kube32.terms import Annotation, CheckpointPhase
 
 ROOT = Path(__file__).resolve().parent.parent
-SIZES = (10, 50, 100, 300)
+SIZES = (10, 30)              # `make bench`'s: small (`make bench-fleet` runs SCALE_ARGS)
+SMALL_PODS, SMALL_DRAIN, SMALL_LOSE = 2, 2, 2
 REST_SECONDS = 20.0
 PROBES = 100
 GRACE_SECONDS = 20.0
 CHECKPOINT_EVERY = 15.0
 PROBE_ANNOTATION = "bench.kube32.io/probe"
+BOARD_MAX_PODS = 16             # a devkit board's pod capacity (kube32.sim.profiles)
 SPACE_FLOOR = 16 << 20          # the control plane's checkpoint data space: the simulator's ...
-SPACE_PER_POD = 256 << 10       # ... and this much more for each pod that a loss or a drain checkpoints
+SPACE_PER_POD = 128 << 10       # ... and this much more for each pod that a loss or a drain checkpoints
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -95,9 +98,15 @@ class Plan:
     trace: Path | None = None     # tracemalloc both processes, reports in this directory
 
     def sized(self, n: int) -> tuple[int, int]:
-        """(nodes to drain, nodes to lose) at ``n`` nodes: at most a quarter and a third
-        of them, so the others can take their pods."""
-        return min(self.drain, n // 4), min(self.lose, n // 3)
+        """(nodes to drain, nodes to lose) at ``n`` nodes: at most a quarter and a third of
+        them, and fewer lost while the others (less the drained, cordoned) have no room for
+        both's pods within 90% of their pod capacity (a devkit board holds 16 pods)."""
+        drain, lose = min(self.drain, n // 4), min(self.lose, n // 3)
+        spare = BOARD_MAX_PODS - self.pods_per_node
+        if self.pods_per_node:
+            while lose > 0 and self.pods_per_node * (lose + drain) > 0.9 * spare * (n - lose - drain):
+                lose -= 1
+        return drain, lose
 
 
 def _sim(trace: Path | None, name: str, *args: str) -> list[str]:
@@ -461,23 +470,117 @@ def top_functions(raw: str, top: int = 30) -> str:
     return "\n".join(lines) + "\n"
 
 
-def section(rows: list[dict[str, Any]], rest: float) -> str:
-    first = rows[0]
-    body = []
-    for r in rows:
-        growth = ((r["fleet_rss"] - first["fleet_rss"]) / (r["nodes"] - first["nodes"])
-                  if r["nodes"] > first["nodes"] else None)
-        body.append([str(r["nodes"]), str(r["pods"]), f"{r['join_s']:.1f} s",
-                     f"{r['nodes'] / r['join_s']:.1f}", f"{r['fleet_rss'] / 2**20:.0f} MiB",
-                     f"{r['fleet_rss'] / r['nodes'] / 2**20:.2f} MiB",
-                     f"{growth / 2**20:.2f} MiB" if growth is not None else "-",
-                     f"{r['cp_rss'] / 2**20:.0f} MiB", f"{100 * r['cp_cpu']:.0f}%", f"{100 * r['fleet_cpu']:.0f}%"])
-    text = ("## Fleets (issue 25)\n\n"
-            "`kube32-sim fleet --nodes N` (devkit boards, pwasm, Lease and status every 10 s) against a control "
-            f"plane of its own; CPU at rest over {rest:g} s after every node is Ready, as a share of one core.  "
-            "Measured on this 2-core machine with other work running: figures are indicative, not a baseline.\n\n")
-    return text + report.table(["nodes", "pods", "all Ready", "joins/s", "fleet RSS", "RSS / node",
-                                "growth / node", "control plane RSS", "control plane CPU", "fleet CPU"], body)
+SMALL_TITLE = "## Fleets (issue 25, small sizes: `make bench`)"
+SCALE_TITLE = "## Fleets at scale (issue 25, `make bench-fleet`)"
+PLOT = ROOT / "docs" / "fleet-growth.png"
+GOAL_CPU, GOAL_WATCH_P99_MS, GOAL_DRAIN_S, GOAL_LOSS_OVER_GRACE_S = 0.25, 100.0, 60.0, 30.0
+
+
+def growth(rows: list[dict[str, Any]], value: Callable[[dict[str, Any]], float | None]) -> tuple[str, float | None]:
+    """How a figure grows from the smallest size to the largest: its exponent k (the
+    figure ~ nodes^k) and a word for it."""
+    pts = [(r["nodes"], value(r)) for r in rows]
+    pts = [(n, v) for n, v in pts if v is not None and v > 0]
+    if len(pts) < 2 or pts[-1][0] == pts[0][0]:
+        return "-", None
+    k = math.log(pts[-1][1] / pts[0][1]) / math.log(pts[-1][0] / pts[0][0])
+    word = ("flat" if k < 0.3 else "sublinear" if k < 0.8 else "linear" if k <= 1.25
+            else f"worse than linear (n^{k:.1f})")
+    return word, k
+
+
+def _get(r: dict[str, Any], *path: str) -> Any:
+    for p in path:
+        r = r.get(p) if isinstance(r, dict) else None
+    return r
+
+
+FIGURES: list[tuple[str, Callable[[dict[str, Any]], Any], Callable[[Any], str]]] = [
+    ("all Ready (join)", lambda r: r["join_s"], lambda v: f"{v:.1f} s"),
+    ("fleet RSS", lambda r: r["fleet_rss"], lambda v: f"{v / 2**20:.0f} MiB"),
+    ("control plane RSS", lambda r: r["cp_rss"], lambda v: f"{v / 2**20:.0f} MiB"),
+    ("control plane CPU at rest", lambda r: r["cp_cpu"], lambda v: f"{100 * v:.0f}%"),
+    ("fleet CPU at rest", lambda r: r["fleet_cpu"], lambda v: f"{100 * v:.0f}%"),
+    ("watch p50", lambda r: _get(r, "watch_ms", "p50"), lambda v: f"{v:.0f} ms"),
+    ("watch p99", lambda r: _get(r, "watch_ms", "p99"), lambda v: f"{v:.0f} ms"),
+    ("list pods (all)", lambda r: _get(r, "list_ms", "all"), lambda v: f"{v:.0f} ms"),
+    ("list pods (one node's)", lambda r: _get(r, "list_ms", "node"), lambda v: f"{v:.0f} ms"),
+    ("drain", lambda r: _get(r, "drain", "seconds"), lambda v: f"{v:.1f} s"),
+    ("loss, to all restored", lambda r: _get(r, "lose", "seconds"), lambda v: f"{v:.1f} s"),
+]
+
+
+def _drain_cell(r: dict[str, Any]) -> str:
+    d = r.get("drain")
+    return f"{d['nodes']} nodes, {d['pods']} pods: {d['seconds']:.1f} s, {d['kept']} kept" if d else "-"
+
+
+def _lose_cell(r: dict[str, Any]) -> str:
+    d = r.get("lose")
+    return (f"{d['nodes']} nodes, {d['pods']} pods: {d['seconds']:.1f} s (grace {d['grace']:g} s), "
+            f"{d['restored']} restored" if d else "-")
+
+
+def goals(r: dict[str, Any]) -> list[list[str]]:
+    """The issue's goals against the largest size's figures."""
+    out = [["control plane CPU at rest < 25% of a core", f"{100 * r['cp_cpu']:.0f}%",
+            report.verdict(r["cp_cpu"] < GOAL_CPU)]]
+    p99 = _get(r, "watch_ms", "p99")
+    if p99 is not None:
+        out.append(["watch delivery p99 < 100 ms", f"{p99:.0f} ms", report.verdict(p99 < GOAL_WATCH_P99_MS)])
+    d = r.get("drain")
+    if d:
+        out.append([f"drain of {d['nodes']} nodes < 60 s, nothing lost", f"{d['seconds']:.1f} s, "
+                    f"{d['kept']} of {d['pods']} kept",
+                    report.verdict(d["seconds"] < GOAL_DRAIN_S and d["kept"] == d["pods"])])
+    d = r.get("lose")
+    if d:
+        out.append([f"loss of {d['nodes']} nodes recovered within grace + 30 s", f"{d['seconds']:.1f} s "
+                    f"(grace {d['grace']:g} s), {d['restored']} of {d['pods']} restored",
+                    report.verdict(d["seconds"] <= d["grace"] + GOAL_LOSS_OVER_GRACE_S
+                                   and d["restored"] == d["pods"])])
+    return out
+
+
+def section(rows: list[dict[str, Any]], rest: float, title: str = SMALL_TITLE, plot: Path | None = None) -> str:
+    body = [[str(r["nodes"]), str(r["pods"]), f"{r['join_s']:.1f} s", f"{r['fleet_rss'] / r['nodes'] / 2**20:.2f} MiB",
+             f"{r['cp_rss'] / 2**20:.0f} MiB", f"{100 * r['cp_cpu']:.0f}%", f"{100 * r['fleet_cpu']:.0f}%",
+             (f"{r['watch_ms']['p50']:.0f} / {r['watch_ms']['p99']:.0f} ms" if r.get("watch_ms") else "-"),
+             (f"{r['list_ms']['all']:.0f} / {r['list_ms']['node']:.0f} ms" if r.get("list_ms") else "-"),
+             _drain_cell(r), _lose_cell(r), f"{r.get('load', '?')}"] for r in rows]
+    text = (f"{title}\n\n"
+            "`kube32-sim fleet --nodes N` (devkit boards, pwasm, Lease and status every 10 s; counter pods) against "
+            f"a control plane of its own (`--no-kubelet`); CPU at rest over {rest:g} s after every pod runs, as a "
+            "share of one core, before any periodic checkpoint; watch delivery: a merge patch's send to its event on a "
+            "watch of the namespace's pods; list pods: every pod, and one node's by `spec.nodeName`; the loss first "
+            "(its pods take a periodic checkpoint every 15 s from then on, the nodes to drain cordoned), then the "
+            "drain through the Eviction API.  Measured on this 2-core machine with other sessions' work running "
+            "(the load column: its 1-minute load average at rest): indicative, one run a size.\n\n")
+    text += report.table(["nodes", "pods", "all Ready", "fleet RSS / node", "control plane RSS",
+                          "control plane CPU", "fleet CPU", "watch p50 / p99", "list all / by node", "drain",
+                          "loss", "load"], body)
+    if len(rows) > 1:
+        grow = []
+        series = []
+        for name, value, fmt in FIGURES:
+            vals = [value(r) for r in rows]
+            if all(v is None for v in vals):
+                continue
+            word, k = growth(rows, value)
+            first = next((v for v in vals if v), None)
+            colour = pngplot.COLOURS[len(series) % len(pngplot.COLOURS)][0]
+            series.append([(r["nodes"], v / first) for r, v in zip(rows, vals, strict=True) if v and first])
+            grow.append([name, colour if plot else "-", " -> ".join("-" if v is None else fmt(v) for v in vals),
+                         "-" if k is None else f"{k:.2f}", word])
+        text += (f"\nGrowth from {rows[0]['nodes']} to {rows[-1]['nodes']} nodes: k in figure ~ nodes^k "
+                 "(1 is linear)")
+        if plot is not None:
+            pngplot.write(plot, series)
+            text += (f"; [the plot](fleet-growth.png) has each figure over its value at {rows[0]['nodes']} "
+                     "nodes, log-log, the grey line linear growth")
+        text += ".\n\n" + report.table(["figure", "colour", "by size", "k", "growth"], grow)
+    text += "\nGoals (issue 25), at the largest size:\n\n" + report.table(["goal", "figure", ""], goals(rows[-1]))
+    return text
 
 
 async def run(sizes: list[int], plan: Plan, profile_out: Path | None) -> list[dict[str, Any]]:
@@ -490,12 +593,12 @@ async def run(sizes: list[int], plan: Plan, profile_out: Path | None) -> list[di
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_fleet")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated fleet sizes")
-    parser.add_argument("--pods-per-node", type=int, default=0)
+    parser.add_argument("--pods-per-node", type=int, default=SMALL_PODS)
     parser.add_argument("--rest", type=float, default=REST_SECONDS, help="seconds at rest to measure CPU over")
     parser.add_argument("--probes", type=int, default=PROBES, help="watch-delivery probes at each size")
-    parser.add_argument("--drain", type=int, default=0, metavar="D",
+    parser.add_argument("--drain", type=int, default=SMALL_DRAIN, metavar="D",
                         help="drain D nodes through the Eviction API at each size (needs --pods-per-node)")
-    parser.add_argument("--lose", type=int, default=0, metavar="L",
+    parser.add_argument("--lose", type=int, default=SMALL_LOSE, metavar="L",
                         help="lose L nodes at once at each size; their pods restore from periodic checkpoints")
     parser.add_argument("--grace", type=float, default=GRACE_SECONDS, help="the node-monitor grace period")
     parser.add_argument("--trace", type=Path, metavar="DIR",
@@ -504,14 +607,30 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", action="store_true", help="py-spy the control plane at the largest size")
     parser.add_argument("--profile-out", type=Path, default=ROOT / "bench" / "fleet-profile.txt")
     parser.add_argument("--no-report", action="store_true", help="print the section, do not add it to the report")
+    parser.add_argument("--scale", action="store_true",
+                        help="write the scale section (and docs/fleet-growth.png) into docs/benchmarks.md in place "
+                             "(the default when the largest size is 100 or more)")
+    parser.add_argument("--json", type=Path, help="also write every size's figures to this file")
+    parser.add_argument("--from-json", type=Path, help="no run: write the section from figures a --json run wrote")
     args = parser.parse_args(argv)
     sizes = sorted(int(s) for s in args.sizes.split(",") if s.strip())
     plan = Plan(args.pods_per_node, args.rest, args.probes, args.drain, args.lose, args.grace, args.trace)
     if args.trace:
         args.trace.mkdir(parents=True, exist_ok=True)
-    rows = cluster.run(run(sizes, plan, args.profile_out if args.profile else None))
-    text = section(rows, args.rest)
-    if not args.no_report:
+    if args.from_json:
+        rows = json.loads(args.from_json.read_text())
+        sizes = [r["nodes"] for r in rows]
+    else:
+        rows = cluster.run(run(sizes, plan, args.profile_out if args.profile else None))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    scale = args.scale or max(sizes) >= 100
+    text = section(rows, args.rest, SCALE_TITLE if scale else SMALL_TITLE, PLOT if scale else None)
+    if args.no_report:
+        pass
+    elif scale:
+        report.replace_section(text)   # its own target: the other benches' figures stay
+    else:
         report.add(text)
     print(text)
     return 0
