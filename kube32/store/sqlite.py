@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS meta (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS log_key_revision ON log(key, revision);
 """
 
 _GET = (
@@ -80,10 +81,14 @@ _LIST_COLUMNS = (
 )
 # The state at a past revision: each key's latest row at or below it, unless a delete.
 # (SQLite takes the bare columns of a MAX() aggregate from the row holding the maximum.)
+# Each key's latest revision comes from the index on (key, revision) alone (SQLite reads
+# the index entries of the range, not the rows); only the rows of the page are read whole.  Without the index this
+# read every logged version of the range, values and all, for each page (issue 25: the
+# second page of a list of a thousand pods, a write after its first, scanned the log).
 _STATE_AT = (
-    "SELECT key, value, create_revision, revision FROM (SELECT key, value, create_revision, "
-    "MAX(revision) AS revision, deleted FROM log WHERE revision <= ? AND {range} AND key > ? "
-    "GROUP BY key) WHERE deleted = 0 ORDER BY key"
+    "SELECT l.key, l.value, l.create_revision, l.revision FROM (SELECT key, MAX(revision) AS rev "
+    "FROM log WHERE revision <= ? AND {range} AND key > ? GROUP BY key ORDER BY key) m "
+    "JOIN log l ON l.revision = m.rev WHERE l.deleted = 0 ORDER BY l.key"
 )
 _REPLAY_COLUMNS = (
     "SELECT l.revision, l.key, l.value, l.create_revision, l.prev_revision, l.deleted, "

@@ -1,0 +1,35 @@
+"""A page of the SQLite store at a past revision (every page after a list's first, once
+anything was written meanwhile) reads each key's latest version from the index on
+(key, revision), not every logged version's row (issue 25: a list of a thousand pods
+read the whole log, values and all, for each of its 64-key chunks)."""
+from __future__ import annotations
+
+import asyncio
+
+from kube32.store import SQLiteStore
+from kube32.store.sqlite import _STATE_AT
+
+
+def test_a_past_page_is_planned_on_the_index_and_right() -> None:
+    async def main() -> None:
+        s = await SQLiteStore.open(":memory:")
+        try:
+            kvs = [await s.create(f"/p/{i:03d}", b"v0") for i in range(100)]
+            for _ in range(3):
+                kvs = [await s.update(kv.key, b"v1", kv.mod_revision) for kv in kvs]
+            at = s.current_revision
+            await s.delete("/p/000")
+            await s.create("/p/zzz", b"new")
+            kvs = [await s.update(kv.key, b"v2", kv.mod_revision) for kv in kvs[1:]]
+            plan = " ".join(str(r) for r in s._db.execute(
+                "EXPLAIN QUERY PLAN " + _STATE_AT.format(range="key >= ? AND key < ?") + " LIMIT ?",
+                (at, "/p/", "/p0", "", 10)).fetchall())
+            assert "COVERING INDEX log_key_revision" in plan, plan
+            page = await s.page("/p/", after="/p/049", limit=10, revision=at)
+            assert [kv.key for kv in page.items] == [f"/p/{i:03d}" for i in range(50, 60)]
+            assert {kv.value for kv in page.items} == {b"v1"} and page.remaining == 40
+            first = await s.page("/p/", limit=2, revision=at)
+            assert [kv.key for kv in first.items] == ["/p/000", "/p/001"]   # deleted since: there at `at`
+        finally:
+            await s.close()
+    asyncio.run(main())
