@@ -12,6 +12,7 @@ from typing import AsyncGenerator, Callable, Protocol, runtime_checkable
 
 PUT = "PUT"
 DELETE = "DELETE"
+PROGRESS = "PROGRESS"   # a triggered watch's mark: nothing for it up to `revision` (SQLiteStore)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +29,7 @@ class KeyValue:
 class WatchEvent:
     """One change. For DELETE, `kv` is the last value with the delete's revision."""
 
-    type: str  # PUT or DELETE
+    type: str  # PUT or DELETE (PROGRESS: a triggered watch's mark; `kv` is the write's)
     kv: KeyValue
     prev: KeyValue | None  # the value before this event; None on create
     revision: int

@@ -17,6 +17,13 @@ Invariants:
     row in that range, and the delete rows in it.
   - Writes run synchronously in the event loop (one writer); fan-out to watchers happens
     after the commit, in revision order, before the write call returns.
+  - Triggered watches (`watch_triggered`, as Kubernetes' watch cache indexes its watchers
+    by ``spec.nodeName``): a watch given a trigger value is pushed only the live events
+    whose trigger values (`set_trigger`'s function of the event, for its prefix) hold it,
+    so a write reaches the few watchers it may concern, not a thousand nodes' each; and,
+    at most every `PROGRESS_SECONDS` of writes, a ``PROGRESS`` event at the write's
+    revision (nothing for it up to there: as etcd's progress notifications), so its
+    bookmarks keep up.  Replays from the log are not filtered (the reader filters them).
 """
 
 from __future__ import annotations
@@ -26,12 +33,14 @@ import builtins
 import sqlite3
 from collections import deque
 from contextlib import contextmanager
+import time
 from pathlib import Path
-from typing import AsyncGenerator, Iterator
+from typing import AsyncGenerator, Callable, Iterable, Iterator
 
 from .base import (
     StoreFigures,
     DELETE,
+    PROGRESS,
     PUT,
     Compacted,
     Conflict,
@@ -50,6 +59,8 @@ from .base import (
 )
 
 SCHEMA_VERSION = 1
+
+PROGRESS_SECONDS = 1.0   # a triggered watch's PROGRESS marks, at most this often (writes permitting)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (
@@ -120,10 +131,11 @@ def prefix_end(prefix: str) -> str | None:
 class _Watcher:
     """One live subscription: a bounded queue the writer appends to without waiting."""
 
-    __slots__ = ("prefix", "events", "wakeup", "limit", "lagged", "closed")
+    __slots__ = ("prefix", "events", "wakeup", "limit", "lagged", "closed", "trigger")
 
-    def __init__(self, prefix: str, limit: int) -> None:
+    def __init__(self, prefix: str, limit: int, trigger: str | None = None) -> None:
         self.prefix = prefix
+        self.trigger = trigger
         self.events: deque[WatchEvent] = deque()
         self.wakeup = asyncio.Event()
         self.limit = limit
@@ -179,6 +191,11 @@ class SQLiteStore(StoreFigures):
         self._watch_queue_size = watch_queue_size
         self._writes_since_compact = 0
         self._watchers: dict[str, set[_Watcher]] = {}
+        # prefix -> trigger value -> its watchers; prefix -> the function of an event's values
+        self._triggered: dict[str, dict[str, set[_Watcher]]] = {}
+        self._triggers: dict[str, Callable[[WatchEvent], Iterable[str]]] = {}
+        self._progress_at = 0.0
+        self.pushed = 0   # events pushed to watchers (a test counts them)
         self._closed = False
         self._db = self._connect(self._path)
         self._compacted = self._meta("compacted_revision")
@@ -399,14 +416,58 @@ class SQLiteStore(StoreFigures):
         for prefix, watchers in self._watchers.items():
             if key.startswith(prefix):
                 for watcher in watchers:
+                    self.pushed += 1
                     if not watcher.push(event):
                         lagged.append(watcher)
+        if self._triggered:
+            self._publish_triggered(event, lagged)
         for watcher in lagged:
             self._unsubscribe(watcher)
         self._writes_since_compact += 1
         if self._writes_since_compact >= self._compact_every:
             self._writes_since_compact = 0
             self._compact_automatically()
+
+    def _publish_triggered(self, event: WatchEvent, lagged: builtins.list[_Watcher]) -> None:
+        key = event.kv.key
+        values: Iterable[str] | None = None
+        reached: set[_Watcher] = set()
+        for prefix, by_value in self._triggered.items():
+            if not key.startswith(prefix):
+                continue
+            if values is None:
+                fn = next((f for p, f in self._triggers.items() if key.startswith(p)), None)
+                values = set(fn(event)) if fn is not None else set(by_value)
+            for value in values:
+                for watcher in by_value.get(value, ()):
+                    reached.add(watcher)
+        now = time.monotonic()
+        progress = now - self._progress_at >= PROGRESS_SECONDS
+        if progress:
+            self._progress_at = now
+            mark = WatchEvent(PROGRESS, event.kv, None, event.revision)
+        for by_value in self._triggered.values():
+            for watchers in by_value.values():
+                for watcher in watchers:
+                    if watcher in reached:
+                        self.pushed += 1
+                        ok = watcher.push(event)
+                    elif progress:
+                        self.pushed += 1
+                        ok = watcher.push(mark)
+                    else:
+                        continue
+                    if not ok:
+                        lagged.append(watcher)
+
+    def set_trigger(self, prefix: str, values: Callable[[WatchEvent], Iterable[str]]) -> None:
+        """The trigger values of an event under ``prefix`` (the module docstring)."""
+        self._triggers[check_prefix(prefix)] = values
+
+    def watch_triggered(self, prefix: str, start_revision: int, trigger: str) -> WatchStream:
+        """`watch`, but live events only when their trigger values hold ``trigger`` (and
+        PROGRESS marks); see the module docstring."""
+        return self._watch(prefix, start_revision, trigger)
 
     def _compact_automatically(self) -> None:
         target = self._revision - self._history
@@ -460,6 +521,9 @@ class SQLiteStore(StoreFigures):
     # --- watch -------------------------------------------------------------
 
     def watch(self, prefix: str, start_revision: int) -> WatchStream:
+        return self._watch(prefix, start_revision, None)
+
+    def _watch(self, prefix: str, start_revision: int, trigger: str | None) -> WatchStream:
         """Events with revision > start_revision under `prefix`: replayed, then live.
 
         The subscription starts at this call, not at the first iteration: with
@@ -470,7 +534,7 @@ class SQLiteStore(StoreFigures):
         now = self._revision
         first = None
         if isinstance(prefix, str) and not self._closed:
-            first = self._subscribe(prefix)
+            first = self._subscribe(prefix, trigger)
 
         def release() -> None:
             if first is not None:
@@ -507,7 +571,7 @@ class SQLiteStore(StoreFigures):
                 if watcher.closed or self._closed:
                     return
                 # The queue overflowed (the reader was slow): catch up from the log.
-                watcher, upto = self._subscribe(prefix), self._revision
+                watcher, upto = self._subscribe(prefix, watcher.trigger), self._revision
         finally:
             if first is not None:
                 self._unsubscribe(first)
@@ -535,12 +599,25 @@ class SQLiteStore(StoreFigures):
             prev = KeyValue(key, prev_value, prev_create, prev_rev)
         return WatchEvent(DELETE if deleted else PUT, kv, prev, revision)
 
-    def _subscribe(self, prefix: str) -> _Watcher:
-        watcher = _Watcher(prefix, self._watch_queue_size)
-        self._watchers.setdefault(prefix, set()).add(watcher)
+    def _subscribe(self, prefix: str, trigger: str | None = None) -> _Watcher:
+        watcher = _Watcher(prefix, self._watch_queue_size, trigger)
+        if trigger is not None:
+            self._triggered.setdefault(prefix, {}).setdefault(trigger, set()).add(watcher)
+        else:
+            self._watchers.setdefault(prefix, set()).add(watcher)
         return watcher
 
     def _unsubscribe(self, watcher: _Watcher) -> None:
+        if watcher.trigger is not None:
+            by_value = self._triggered.get(watcher.prefix, {})
+            group = by_value.get(watcher.trigger)
+            if group is not None:
+                group.discard(watcher)
+                if not group:
+                    del by_value[watcher.trigger]
+                if not by_value:
+                    self._triggered.pop(watcher.prefix, None)
+            return
         group = self._watchers.get(watcher.prefix)
         if group is not None:
             group.discard(watcher)
@@ -549,7 +626,8 @@ class SQLiteStore(StoreFigures):
 
     @property
     def watcher_count(self) -> int:
-        return sum(len(group) for group in self._watchers.values())
+        return sum(len(group) for group in self._watchers.values()) + sum(
+            len(g) for by_value in self._triggered.values() for g in by_value.values())
 
     # --- closing -----------------------------------------------------------
 
@@ -558,10 +636,11 @@ class SQLiteStore(StoreFigures):
         if self._closed:
             return
         self._closed = True
-        for group in self._watchers.values():
+        for group in [*self._watchers.values(), *(g for b in self._triggered.values() for g in b.values())]:
             for watcher in group:
                 watcher.close()
         self._watchers.clear()
+        self._triggered.clear()
         self._db.close()
 
     def _check_open(self) -> None:

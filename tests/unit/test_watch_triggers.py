@@ -1,0 +1,53 @@
+"""Triggered watches (issue 25): a pod write wakes the watches of the nodes it concerns
+(``spec.nodeName=<node>``), not every node's, as Kubernetes' watch cache indexes its
+watchers; each still sees what it saw before."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kube32.apiserver.registry import Registry
+from kube32.apiserver.resources import by_plural
+from kube32.apiserver.selectors import parse_field_selector
+from kube32.store import SQLiteStore
+
+PODS = by_plural("pods")
+MERGE = "application/merge-patch+json"
+
+
+def pod(name: str, node: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "sha256:" + "0" * 64}]}}
+
+
+def test_a_write_reaches_its_nodes_watches_only() -> None:
+    async def main() -> None:
+        store = await SQLiteStore.open(":memory:")
+        registry = Registry(store)
+        await registry.create(by_plural("namespaces"), None, {"metadata": {"name": "default"}}, check_namespace=False)
+        seen: dict[str, list[tuple[str, str]]] = {}
+
+        async def follow(node: str) -> None:
+            fields = parse_field_selector(f"spec.nodeName={node}")
+            async for etype, obj in registry.watch(PODS, None, None, fields, str(store.current_revision)):
+                seen.setdefault(node, []).append((etype, obj["metadata"]["name"]))
+        tasks = [asyncio.create_task(follow(f"n{i}")) for i in range(100)]
+        await asyncio.sleep(0.05)
+        try:
+            before = store.pushed
+            await registry.create(PODS, "default", pod("a", "n1"))
+            for i in range(20):
+                await registry.patch(PODS, "default", "a", MERGE, {"metadata": {"labels": {"i": str(i)}}})
+            await registry.delete(PODS, "default", "a", options={"gracePeriodSeconds": 0})
+            await asyncio.sleep(0.1)
+            pushed = store.pushed - before
+            # 22 writes, each to n1's watch; a PROGRESS mark to each of the 100 at most once a second.
+            assert pushed <= 22 + 100 * 2, pushed
+            assert seen["n1"][0] == ("ADDED", "a") and seen["n1"][-1][0] == "DELETED"
+            assert len(seen["n1"]) == 22 and set(seen) == {"n1"}
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await store.close()
+    asyncio.run(main())
