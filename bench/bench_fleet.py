@@ -1,18 +1,28 @@
 """How a fleet's cost grows with its nodes (issue 25): ``kube32-sim fleet`` of N nodes
 against a control plane of its own, for each N of ``--sizes``.
 
-For each size: a fresh control plane (``--no-kubelet``) and a fleet of N devkit boards
-(pwasm, the boards' 10 s Lease and status intervals, ``--interp-mops`` given so no node
-measures).  Measured: the time until every node is Ready (from the fleet's start),
-the fleet's RSS once they are (and per node: the total over N, and the growth per node
-from the smallest size), the control plane's RSS, and both processes' CPU at rest (over
-``--rest`` seconds after the join: Lease renewals and status reports only), as a share of
-one core.  ``--pods-per-node K`` adds K counter pods a node.  ``--profile`` records the
-control plane at the largest size at rest with py-spy (``--profile-out``, a text of the
-hottest functions).
+For each size: a fresh control plane (``--no-kubelet``, a checkpoint data space sized for
+the pods the loss and the drain checkpoint) and a fleet of N devkit boards (pwasm, the
+boards' 10 s Lease and status intervals, ``--interp-mops`` given so no node measures),
+``--pods-per-node K`` counter pods bound to each.  Measured, in order: the time until
+every node is Ready (from the fleet's start); the time until every pod runs; the fleet's
+and the control plane's RSS and both processes' CPU at rest (over ``--rest`` seconds:
+Lease renewals and status reports only), as a share of one core; the p50/p99 of watch
+delivery (``--probes`` merge patches, each timed to its event on a watch of the
+namespace's pods); ``list pods`` (all, and one node's by ``spec.nodeName``); the loss of
+``--lose`` nodes at once (their pods get a periodic checkpoint every 15 s, and the nodes
+to drain are cordoned, first; then the fleet kills the nodes: until every pod is Ready
+elsewhere, restored from its checkpoint); the drain of ``--drain`` nodes through the
+Eviction API (until every pod is Ready elsewhere, its state kept).  The loss and drain
+are sized down to what the other boards can hold (:meth:`Plan.sized`: a devkit holds 16
+pods).  ``--profile`` records the control plane with py-spy at the largest size at rest,
+during the loss and during the drain (``--profile-out``: texts of the hottest functions).
 
-Figures are of this machine as it is (the bench does not own it: other work may run),
-so the report says when each ran and what the machine was."""
+The small sizes (the defaults: what ``make bench`` runs) add their section to the report;
+100 nodes or more (``make bench-fleet``) replace theirs in docs/benchmarks.md in place,
+with docs/fleet-growth.png (bench/pngplot.py) and each figure's growth.  Figures are of
+this machine as it is (the bench does not own it: other work may run), so the report
+says when each ran, what the machine was and its load."""
 from __future__ import annotations
 
 import argparse
@@ -33,7 +43,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from bench import cluster, pngplot, report
 from kube32 import objects
-from kube32.client import CHECKPOINTS, CONFIGMAPS, NODES, PODS, ApiError, Client
+from kube32.client import CHECKPOINTS, CONFIGMAPS, NODES, PODS, ApiError, Client, Informer
 from kube32.terms import Annotation, CheckpointPhase
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,11 +89,6 @@ async def _ready_count(api: Client, prefix: str) -> int:
     return sum(1 for n in items if n["metadata"]["name"].startswith(prefix) and any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (n.get("status") or {}).get("conditions") or []))
-
-
-async def _running_pods(api: Client) -> int:
-    items, _ = await api.list(PODS, "default", label_selector="kube32.io/fleet-node")
-    return sum(1 for p in items if (p.get("status") or {}).get("phase") == "Running")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +143,8 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         began = time.monotonic()
         fleet = _start(_sim(plan.trace, "fleet", "fleet", "--kubeconfig", str(tmp / "node.kubeconfig"),
                             "--nodes", str(n), "--interp-mops", "5"), tmp / "fleet.log", stdin=True)
-        ready_at = await cluster.Cluster.wait(lambda: _ready_at(api, n, fleet, began), 60 + n, f"{n} nodes Ready",
-                                              interval=0.25)
+        ready_at = await cluster.Cluster.wait(_patient(lambda: _ready_at(api, n, fleet, began)), 60 + n,
+                                              f"{n} nodes Ready", interval=0.5)
         nodes = [f"fleet-{i}" for i in range(1, n + 1)]
         print(f"  {n} nodes Ready in {ready_at:.1f} s", flush=True)
         drain, lose = plan.sized(n)
@@ -147,9 +152,10 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         pods_s = None
         if plan.pods_per_node:
             t_pods = time.monotonic()
-            await _create_pods(api, nodes, plan.pods_per_node, image)
-            await cluster.Cluster.wait(_patient(lambda: _pods_done(api, n * plan.pods_per_node)), 120 + 2 * n,
-                                       "pods running", 0.5)
+            async with _watching(api, PODS) as pods:
+                await _create_pods(api, nodes, plan.pods_per_node, image)
+                await _until(lambda: sum(1 for p in pods.list() if objects.phase(p) == "Running")
+                             >= n * plan.pods_per_node, 120 + 2 * n, "pods running")
             pods_s = time.monotonic() - t_pods
             print(f"  {n * plan.pods_per_node} pods Running in {pods_s:.1f} s", flush=True)
         await asyncio.sleep(2)   # the last joins' first status writes
@@ -333,22 +339,46 @@ async def _states(api: Client, names: list[str]) -> dict[str, Any]:
     return dict(zip(names, await asyncio.gather(*(ask(n) for n in names)), strict=True))
 
 
-async def _pods_of(api: Client, nodes: list[str]) -> dict[str, str]:
-    items, _ = await api.list(PODS, "default", label_selector="kube32.io/fleet-node")
-    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in items if p["spec"].get("nodeName") in nodes}
+@contextlib.asynccontextmanager
+async def _watching(api: Client, kind: Any) -> AsyncIterator[Informer]:
+    """An informer of ``kind`` in the namespace: the bench's waits read its cache (a list
+    of every pod each half second would be a load of its own on the control plane it
+    measures: 3,000 pods, a second each)."""
+    inf = Informer(api, kind, "default")
+    inf.start()
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 120)
+        yield inf
+    finally:
+        await inf.stop()
 
 
-async def _replaced(api: Client, uids: dict[str, str], away: list[str]) -> bool:
-    items, _ = await api.list(PODS, "default", label_selector="kube32.io/fleet-node")
-    return sum(1 for p in items if p["metadata"]["name"] in uids and p["metadata"]["uid"] != uids[p["metadata"]["name"]]
+def _pods_of(pods: Informer, nodes: list[str]) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods.list() if p["spec"].get("nodeName") in nodes}
+
+
+def _replaced(pods: Informer, uids: dict[str, str], away: list[str]) -> bool:
+    return sum(1 for p in pods.list() if p["metadata"]["name"] in uids
+               and p["metadata"]["uid"] != uids[p["metadata"]["name"]]
                and p["spec"].get("nodeName") not in (None, *away) and cluster.pod_ready(p)) == len(uids)
+
+
+async def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    async def asked() -> bool:
+        return check()
+    await cluster.Cluster.wait(asked, timeout, what, 0.1)
 
 
 async def drain_nodes(api: Client, nodes: list[str]) -> dict[str, Any]:
     """Cordon ``nodes``, evict every pod on them through the Eviction API (8 in flight),
     until every replacement is Ready elsewhere; kept: a pod whose counter went on from
     where it was (its state moved)."""
-    uids = await _pods_of(api, nodes)
+    async with _watching(api, PODS) as pods:
+        return await _drain(api, pods, nodes)
+
+
+async def _drain(api: Client, pods: Informer, nodes: list[str]) -> dict[str, Any]:
+    uids = _pods_of(pods, nodes)
     names = sorted(uids)
     before = await _states(api, names)
     started = time.monotonic()
@@ -361,8 +391,7 @@ async def drain_nodes(api: Client, nodes: list[str]) -> dict[str, Any]:
                 "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "default"}},
                 "default")
     await asyncio.gather(*(evict(n) for n in names))
-    await cluster.Cluster.wait(_patient(lambda: _replaced(api, uids, nodes)), 300, f"{len(names)} pods drained",
-                               0.25)
+    await _until(lambda: _replaced(pods, uids, nodes), 300, f"{len(names)} pods drained")
     seconds = time.monotonic() - started
     after = await _states(api, names)
     kept = sum(1 for n in names if isinstance(before[n], dict) and isinstance(after[n], dict)
@@ -370,9 +399,8 @@ async def drain_nodes(api: Client, nodes: list[str]) -> dict[str, Any]:
     return {"nodes": len(nodes), "pods": len(names), "seconds": round(seconds, 1), "kept": kept}
 
 
-async def _all_checkpointed(api: Client, names: set[str]) -> bool:
-    items, _ = await api.list(CHECKPOINTS, "default")
-    return names <= {c["spec"].get("podName") for c in items if objects.phase(c) == CheckpointPhase.SAVED
+def _all_checkpointed(checkpoints: Informer, names: set[str]) -> bool:
+    return names <= {c["spec"].get("podName") for c in checkpoints.list() if objects.phase(c) == CheckpointPhase.SAVED
                      and objects.status(c).get("sizeBytes")}
 
 
@@ -380,18 +408,18 @@ async def lose_nodes(api: Client, fleet: subprocess.Popen, nodes: list[str], gra
     """Once every pod on ``nodes`` has a Saved periodic checkpoint, kill those nodes at
     once (the fleet's ``kill``: their Leases just stop), until every pod is Ready
     elsewhere again; restored: a pod that came back from its checkpoint."""
-    uids = await _pods_of(api, nodes)
-    names = sorted(uids)
-    await _periodic(api, names)
-    await cluster.Cluster.wait(_patient(lambda: _all_checkpointed(api, set(names))),
-                               120 + CHECKPOINT_EVERY + len(names) / 10, "periodic checkpoints", 0.5)
-    assert fleet.stdin is not None
-    started = time.monotonic()
-    fleet.stdin.write("".join(f"kill {n}\n" for n in nodes).encode())
-    fleet.stdin.flush()
-    await cluster.Cluster.wait(_patient(lambda: _replaced(api, uids, nodes)), grace + 300,
-                               f"{len(names)} pods restored", 0.5)
-    seconds = time.monotonic() - started
+    async with _watching(api, PODS) as pods, _watching(api, CHECKPOINTS) as checkpoints:
+        uids = _pods_of(pods, nodes)
+        names = sorted(uids)
+        await _periodic(api, names)
+        await _until(lambda: _all_checkpointed(checkpoints, set(names)), 120 + CHECKPOINT_EVERY + len(names) / 10,
+                     "periodic checkpoints")
+        assert fleet.stdin is not None
+        started = time.monotonic()
+        fleet.stdin.write("".join(f"kill {n}\n" for n in nodes).encode())
+        fleet.stdin.flush()
+        await _until(lambda: _replaced(pods, uids, nodes), grace + 300, f"{len(names)} pods restored")
+        seconds = time.monotonic() - started
     after = await _states(api, names)
     restored = sum(1 for n in names if isinstance(after[n], dict) and after[n]["restored_calls"] >= 1)
     return {"nodes": len(nodes), "pods": len(names), "seconds": round(seconds, 1), "grace": grace,
@@ -426,10 +454,6 @@ async def _ready_at(api: Client, n: int, fleet: subprocess.Popen, began: float) 
     if fleet.poll() is not None:
         raise RuntimeError("the fleet exited")
     return time.monotonic() - began if await _ready_count(api, "fleet-") >= n else None
-
-
-async def _pods_done(api: Client, want: int) -> bool:
-    return await _running_pods(api) >= want
 
 
 def _spy() -> str:
