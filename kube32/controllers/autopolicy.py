@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import movability, objects
 from ..client import CHECKPOINTS, NODES, PODS
+from ..client.informer import BY_NODE_NAME, by_node_name
 from ..terms import (API_VERSION, FASTEST, Annotation, CheckpointAction, CheckpointPhase, Condition, Label, PodPhase,
                      Policy, Trigger)
 from .base import Controller
@@ -76,6 +77,7 @@ class AutoPolicy(Controller):
         self.nodes = ctx.informers.get(NODES)
         self.pods = ctx.informers.get(PODS)
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
+        self.pods.add_index(BY_NODE_NAME, by_node_name)   # a pressure pass reads its node's pods only
         self.node_cooldown = ctx.options.pressure_move_cooldown_seconds
         self.pod_cooldown = ctx.options.auto_move_cooldown_seconds
         self._node_moved: dict[str, float] = {}   # node -> monotonic time of its last pressure move
@@ -121,7 +123,7 @@ class AutoPolicy(Controller):
                 and objects.status(c).get("phase", CheckpointPhase.PENDING) in UNDER_WAY}
         now = time.monotonic()
         out = []
-        for pod in self.pods.list():
+        for pod in self.pods.list() if node is None else self.pods.by_index(BY_NODE_NAME, node):
             md, spec, st = pod["metadata"], objects.spec(pod), objects.status(pod)
             if movability.policy(pod) != Policy.AUTO or md.get("deletionTimestamp") \
                     or st.get("phase") != PodPhase.RUNNING:

@@ -76,6 +76,7 @@ from ..terms import (FASTEST, Annotation, Cause, CheckpointAction, CheckpointPha
 from ..urlpath import api_path, group_path
 from . import imagecheck
 from .base import Controller, key_of, split_key
+from .periodic import RESTORING_FROM, restoring_from
 from .podutil import all_running, failure
 from .scheduler import UsageOf, node_misfits, node_ready, pick_node_by, room_misfits, usage_reader
 
@@ -94,6 +95,13 @@ Obj = dict[str, Any]
 FINISHED = CheckpointPhase.FINISHED
 WAITING_FOR_TURN = "waiting for its turn: the control plane takes one snapshot at a time"
 INTERRUPTED = "the snapshot was interrupted (the control plane restarted)"
+
+
+CHECKPOINTS_OF = "pod"   # the Checkpoints informer's index: each under "<namespace>/<podName>"
+
+
+def checkpoint_pod(ck: Obj) -> tuple[str, ...]:
+    return (f"{ck['metadata'].get('namespace', '')}/{objects.spec(ck).get('podName', '')}",)
 
 
 def interp_mops(node: Obj) -> float:
@@ -263,6 +271,10 @@ class CheckpointController(Controller):
         # of them (its own watch events wake it) sees it without a GET.
         self.latest = MutationCache(self.checkpoints)
         self.pods = ctx.informers.get(PODS)
+        # A pod's Checkpoints and the pods naming one, by index: a sync reads its own, not
+        # every Checkpoint and pod of the cluster (issue 25).
+        self.checkpoints.add_index(CHECKPOINTS_OF, checkpoint_pod)
+        self.pods.add_index(RESTORING_FROM, restoring_from)
         self.nodes = ctx.informers.get(NODES)
 
     def setup(self) -> None:
@@ -361,7 +373,7 @@ class CheckpointController(Controller):
         """Another Move Checkpoint of ``ck``'s pod that is Saving or Moving (its replacement
         not yet decided), or None.  This controller's own writes count at once."""
         spec, md = objects.spec(ck), ck["metadata"]
-        for other in self.checkpoints.list():
+        for other in self.checkpoints.by_index(CHECKPOINTS_OF, f"{md['namespace']}/{spec.get('podName', '')}"):
             other = self.latest.get(key_of(other)) or other
             o_spec = objects.spec(other)
             if other["metadata"]["uid"] != md["uid"] and other["metadata"].get("namespace") == md["namespace"] \
@@ -1029,7 +1041,7 @@ class CheckpointController(Controller):
         """A pod's ``kube32.io/restore-from`` names ``ck`` (the informer's pods)."""
         name, ns = ck["metadata"]["name"], ck["metadata"].get("namespace")
         return any(movability.restore_from(p) == name and p["metadata"].get("namespace") == ns
-                   for p in self.pods.list())
+                   for p in self.pods.by_index(RESTORING_FROM, f"{ns}/{name}"))
 
     async def _release(self, ck: Obj) -> None:
         """A Checkpoint being deleted goes (its finalizer removed, and its data with it) once

@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import movability, objects
 from ..client import CHECKPOINTS, LEASES, NODES, PODS, ApiError
-from ..client.informer import by_node_name
+from ..client.informer import BY_NODE_NAME, by_node_name
 from ..matching import tolerates
 from ..terms import Condition, Effect, Policy, Taint
 from .base import Controller
@@ -118,7 +118,7 @@ def eviction_deadline(pod: Obj, taints: list[Obj], default_seconds: float, now: 
 
 
 POD_EVENT_BATCH_SECONDS = 0.2
-BY_NODE = "spec.nodeName"   # the pods informer's index of pods by node
+BY_NODE = BY_NODE_NAME   # the pods informer's index of pods by node
 
 
 class NodeLifecycle(Controller):

@@ -279,7 +279,8 @@ class SQLiteStore(StoreFigures):
             raise StoreError(f"cannot list prefix {prefix!r}: {err}") from err
         return [KeyValue(k, v, c, m) for k, v, c, m in rows], self._revision
 
-    async def page(self, prefix: str, *, after: str = "", limit: int = 0, revision: int = 0) -> Page:
+    async def page(self, prefix: str, *, after: str = "", limit: int = 0, revision: int = 0,
+                   count: bool = True) -> Page:
         """See Store.page. The current state reads `current`; a past revision groups the
         log by key (history is bounded by compaction, so this scan is too)."""
         self._check_open()
@@ -294,9 +295,12 @@ class SQLiteStore(StoreFigures):
             raise Compacted(self._compacted, at)
         current = revision == 0 or at == self._revision
         try:
-            rows = self._page_rows(prefix, after, at, current, limit or -1)
+            rows = self._page_rows(prefix, after, at, current, (limit + (0 if count else 1)) if limit else -1)
             remaining = 0
-            if limit and len(rows) == limit:
+            if limit and not count:
+                remaining = 1 if len(rows) > limit else 0   # more follow: how many is not asked
+                del rows[limit:]
+            elif limit and len(rows) == limit:
                 remaining = self._page_rows(prefix, rows[-1][0], at, current, -1, count=True)[0][0]
         except sqlite3.Error as err:
             raise StoreError(f"cannot list prefix {prefix!r} at revision {at}: {err}") from err

@@ -102,3 +102,33 @@ def test_a_lost_node_and_a_periodic_pod_read_their_own_objects_only() -> None:
     assert len(pods.by_index("spec.nodeName", "n7")) == 20
     asyncio.run(periodic.sync("default/p7"))             # its one checkpoint is not due: nothing written
     assert [c["metadata"]["name"] for c in cks.by_index("periodic-of", "default/p7")] == ["c7"]
+
+
+def test_watches_ask_for_bookmarks_and_end_at_different_times() -> None:
+    # Issue 25: 300 nodes' watches opened together all ended after 300 s, resumed from a
+    # compacted revision and listed again together, while the control plane was busiest.
+    class Recording(FakeClient):
+        def __init__(self) -> None:
+            super().__init__([pod("a", "n1", 1)], [("BOOKMARK", {"metadata": {"resourceVersion": "250"}})])
+            self.asked: list[dict] = []
+
+        async def watch(self, *a: Any, **k: Any):
+            self.asked.append(k)
+            async for e in super().watch(*a, **k):
+                yield e
+
+    async def main() -> None:
+        timeouts = set()
+        for _ in range(5):
+            client = Recording()
+            inf = Informer(client, PODS)  # type: ignore[arg-type]
+            task = inf.start()
+            await asyncio.wait_for(client.done.wait(), 5)
+            assert client.asked[0]["bookmarks"] is True
+            assert 300 <= client.asked[0]["timeout_seconds"] <= 600
+            timeouts.add(client.asked[0]["timeout_seconds"])
+            assert inf._rv == "250" and names(inf.list()) == ["a"]   # a bookmark moves the revision only
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert len(timeouts) > 1
+    asyncio.run(main())

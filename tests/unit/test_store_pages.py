@@ -33,3 +33,27 @@ def test_a_past_page_is_planned_on_the_index_and_right() -> None:
         finally:
             await s.close()
     asyncio.run(main())
+
+
+def test_a_chunk_asks_no_count_of_what_follows() -> None:
+    async def main() -> None:
+        s = await SQLiteStore.open(":memory:")
+        try:
+            for i in range(10):
+                await s.create(f"/p/{i}", b"v")
+            counted = []
+            real = s._page_rows
+
+            def rows(*args, **kwargs):   # type: ignore[no-untyped-def]
+                counted.append(kwargs.get("count", False))
+                return real(*args, **kwargs)
+            s._page_rows = rows  # type: ignore[method-assign]
+            page = await s.page("/p/", limit=4, count=False)
+            assert [kv.key for kv in page.items] == ["/p/0", "/p/1", "/p/2", "/p/3"] and page.remaining > 0
+            last = await s.page("/p/", after="/p/5", limit=4, count=False)
+            assert [kv.key for kv in last.items] == ["/p/6", "/p/7", "/p/8", "/p/9"] and last.remaining == 0
+            assert counted == [False, False]             # no COUNT of the rest of the range
+            assert (await s.page("/p/", limit=4)).remaining == 6   # asked for: exact
+        finally:
+            await s.close()
+    asyncio.run(main())
