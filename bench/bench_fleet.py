@@ -10,7 +10,7 @@ and the control plane's RSS and both processes' CPU at rest (over ``--rest`` sec
 Lease renewals and status reports only), as a share of one core; the p50/p99 of watch
 delivery (``--probes`` merge patches, each timed to its event on a watch of the
 namespace's pods); ``list pods`` (all, and one node's by ``spec.nodeName``); the loss of
-``--lose`` nodes at once (their pods get a periodic checkpoint every 15 s, and the nodes
+``--lose`` nodes at once (their pods get a periodic checkpoint every 30 s, and the nodes
 to drain are cordoned, first; then the fleet kills the nodes: until every pod is Ready
 elsewhere, restored from its checkpoint); the drain of ``--drain`` nodes through the
 Eviction API (until every pod is Ready elsewhere, its state kept).  The loss and drain
@@ -52,7 +52,7 @@ SMALL_PODS, SMALL_DRAIN, SMALL_LOSE = 2, 2, 2
 REST_SECONDS = 20.0
 PROBES = 100
 GRACE_SECONDS = 20.0
-CHECKPOINT_EVERY = 15.0
+CHECKPOINT_EVERY = 30.0
 PROBE_ANNOTATION = "bench.kube32.io/probe"
 BOARD_MAX_PODS = 16             # a devkit board's pod capacity (kube32.sim.profiles)
 SPACE_FLOOR = 16 << 20          # the control plane's checkpoint data space: the simulator's ...
@@ -215,7 +215,7 @@ async def _cordon(api: Client, nodes: list[str]) -> None:
 
 async def _periodic(api: Client, names: list[str]) -> None:
     """Periodic checkpoints for these pods only, from now on (so the figures at rest are
-    without them: a thousand pods checkpointing every 15 s are a load of their own)."""
+    without them: a thousand pods checkpointing every 30 s are a load of their own)."""
     gate = asyncio.Semaphore(8)
 
     async def one(name: str) -> None:
@@ -577,7 +577,7 @@ def section(rows: list[dict[str, Any]], rest: float, title: str = SMALL_TITLE, p
             f"a control plane of its own (`--no-kubelet`); CPU at rest over {rest:g} s after every pod runs, as a "
             "share of one core, before any periodic checkpoint; watch delivery: a merge patch's send to its event on a "
             "watch of the namespace's pods; list pods: every pod, and one node's by `spec.nodeName`; the loss first "
-            "(its pods take a periodic checkpoint every 15 s from then on, the nodes to drain cordoned), then the "
+            "(its pods take a periodic checkpoint every 30 s from then on, the nodes to drain cordoned), then the "
             "drain through the Eviction API.  Measured on this 2-core machine with other sessions' work running "
             "(the load column: its 1-minute load average at rest): indicative, one run a size.\n\n")
     text += report.table(["nodes", "pods", "all Ready", "fleet RSS / node", "control plane RSS",
