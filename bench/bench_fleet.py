@@ -10,7 +10,7 @@ and the control plane's RSS and both processes' CPU at rest (over ``--rest`` sec
 Lease renewals and status reports only), as a share of one core; the p50/p99 of watch
 delivery (``--probes`` merge patches, each timed to its event on a watch of the
 namespace's pods); ``list pods`` (all, and one node's by ``spec.nodeName``); the loss of
-``--lose`` nodes at once (their pods get a periodic checkpoint every 30 s, and the nodes
+``--lose`` nodes at once (their pods get a periodic checkpoint every 120 s, and the nodes
 to drain are cordoned, first; then the fleet kills the nodes: until every pod is Ready
 elsewhere, restored from its checkpoint); the drain of ``--drain`` nodes through the
 Eviction API (until every pod is Ready elsewhere, its state kept).  The loss and drain
@@ -52,8 +52,9 @@ SMALL_PODS, SMALL_DRAIN, SMALL_LOSE = 2, 2, 2
 REST_SECONDS = 20.0
 PROBES = 100
 GRACE_SECONDS = 20.0
-CHECKPOINT_EVERY = 30.0
+CHECKPOINT_EVERY = 120.0
 PROBE_ANNOTATION = "bench.kube32.io/probe"
+ROOM_USED = 0.6                 # of the other boards' spare pod slots, at most, for the lost and drained pods
 BOARD_MAX_PODS = 16             # a devkit board's pod capacity (kube32.sim.profiles)
 SPACE_FLOOR = 16 << 20          # the control plane's checkpoint data space: the simulator's ...
 SPACE_PER_POD = 128 << 10       # ... and this much more for each pod that a loss or a drain checkpoints
@@ -103,13 +104,14 @@ class Plan:
     trace: Path | None = None     # tracemalloc both processes, reports in this directory
 
     def sized(self, n: int) -> tuple[int, int]:
-        """(nodes to drain, nodes to lose) at ``n`` nodes: at most a quarter and a third of
+        """(nodes to drain, nodes to lose) at ``n`` nodes: at most a fifth and a third of
         them, and fewer lost while the others (less the drained, cordoned) have no room for
-        both's pods within 90% of their pod capacity (a devkit board holds 16 pods)."""
-        drain, lose = min(self.drain, n // 4), min(self.lose, n // 3)
+        both's pods within ROOM_USED of their spare pod capacity (a devkit board holds 16
+        pods; moves choose their targets one by one, several may choose the same)."""
+        drain, lose = min(self.drain, n // 5), min(self.lose, n // 3)
         spare = BOARD_MAX_PODS - self.pods_per_node
         if self.pods_per_node:
-            while lose > 0 and self.pods_per_node * (lose + drain) > 0.9 * spare * (n - lose - drain):
+            while lose > 0 and self.pods_per_node * (lose + drain) > ROOM_USED * spare * (n - lose - drain):
                 lose -= 1
         return drain, lose
 
@@ -215,7 +217,7 @@ async def _cordon(api: Client, nodes: list[str]) -> None:
 
 async def _periodic(api: Client, names: list[str]) -> None:
     """Periodic checkpoints for these pods only, from now on (so the figures at rest are
-    without them: a thousand pods checkpointing every 30 s are a load of their own)."""
+    without them: a thousand pods checkpointing every 120 s are a load of their own)."""
     gate = asyncio.Semaphore(8)
 
     async def one(name: str) -> None:
@@ -495,6 +497,7 @@ def top_functions(raw: str, top: int = 30) -> str:
 
 
 SMALL_TITLE = "## Fleets (issue 25, small sizes: `make bench`)"
+LEGACY_TITLES = ("## Fleets (issue 25)",)   # the section before these two
 SCALE_TITLE = "## Fleets at scale (issue 25, `make bench-fleet`)"
 PLOT = ROOT / "docs" / "fleet-growth.png"
 GOAL_CPU, GOAL_WATCH_P99_MS, GOAL_DRAIN_S, GOAL_LOSS_OVER_GRACE_S = 0.25, 100.0, 60.0, 30.0
@@ -577,7 +580,7 @@ def section(rows: list[dict[str, Any]], rest: float, title: str = SMALL_TITLE, p
             f"a control plane of its own (`--no-kubelet`); CPU at rest over {rest:g} s after every pod runs, as a "
             "share of one core, before any periodic checkpoint; watch delivery: a merge patch's send to its event on a "
             "watch of the namespace's pods; list pods: every pod, and one node's by `spec.nodeName`; the loss first "
-            "(its pods take a periodic checkpoint every 30 s from then on, the nodes to drain cordoned), then the "
+            "(its pods take a periodic checkpoint every 120 s from then on, the nodes to drain cordoned), then the "
             "drain through the Eviction API.  Measured on this 2-core machine with other sessions' work running "
             "(the load column: its 1-minute load average at rest): indicative, one run a size.\n\n")
     text += report.table(["nodes", "pods", "all Ready", "fleet RSS / node", "control plane RSS",
@@ -634,6 +637,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scale", action="store_true",
                         help="write the scale section (and docs/fleet-growth.png) into docs/benchmarks.md in place "
                              "(the default when the largest size is 100 or more)")
+    parser.add_argument("--in-place", action="store_true",
+                        help="write the small sizes' section into docs/benchmarks.md in place too (not `make bench`)")
     parser.add_argument("--json", type=Path, help="also write every size's figures to this file")
     parser.add_argument("--from-json", type=Path, help="no run: write the section from figures a --json run wrote")
     args = parser.parse_args(argv)
@@ -652,8 +657,8 @@ def main(argv: list[str]) -> int:
     text = section(rows, args.rest, SCALE_TITLE if scale else SMALL_TITLE, PLOT if scale else None)
     if args.no_report:
         pass
-    elif scale:
-        report.replace_section(text)   # its own target: the other benches' figures stay
+    elif scale or args.in_place:
+        report.replace_section(text, drop=LEGACY_TITLES)   # its own target: the other benches' figures stay
     else:
         report.add(text)
     print(text)

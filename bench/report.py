@@ -100,7 +100,7 @@ def _kept(existing: str, fresh: list[str]) -> list[str]:
     return [s for s in sections_of(existing) if _title(s).startswith(KEPT) and _title(s) not in titles]
 
 
-def replace_section(section: str) -> Path:
+def replace_section(section: str, drop: tuple[str, ...] = ()) -> Path:
     """Put ``section`` into the written report in place of the one of the same title (or
     before the notes), leaving the rest as it is: a target that runs one bench alone
     (`make bench-fleet`) updates its own figures only."""
@@ -108,12 +108,14 @@ def replace_section(section: str) -> Path:
     section = section.rstrip() + "\n"
     title = _title(section)
     head, _, _ = ("\n" + doc).partition("\n## ")
-    parts = sections_of(doc)
+    parts = [p for p in sections_of(doc) if _title(p) not in drop]
     if any(_title(p) == title for p in parts):
         parts = [section if _title(p) == title else p for p in parts]
     else:
         at = next((i for i, p in enumerate(parts) if _title(p).startswith(NOTES_TITLE)), len(parts))
         parts.insert(at, section)
+    if NOTES.exists():   # the notes as they are now, as write() appends them
+        parts = [p for p in parts if not _title(p).startswith(NOTES_TITLE)] + [NOTES.read_text().rstrip() + "\n"]
     OUT.write_text(head.lstrip("\n").rstrip() + "\n\n" + "\n".join(parts))
     return OUT
 

@@ -133,6 +133,14 @@ FACT_HEADERS = ((Header.SNAPSHOT_SHA256, "snapshotSha256"), (Header.IMAGE_SHA256
 
 
 WAIT_MAX_SECONDS = timing.DATA_WAIT_MAX_SECONDS
+def pull_lane(namespace: str, leave: str | None) -> str:
+    """Whose turn a pull takes in the one-snapshot-at-a-time line: a namespace's moves
+    (``leave=frozen``: a pod frozen, a drain waiting on it) take turns with its other
+    snapshots (periodic saves), so a fleet's thousand periodic saves queued in one
+    namespace do not hold a drain's moves behind them all (issue 25)."""
+    return f"{namespace}/moves" if leave == "frozen" else namespace
+
+
 STAGING_PATIENCE = 30.0  # seconds a PUT waits for room among the uploads arriving
 RETRY_SECONDS = 5  # Retry-After of a PUT refused for room
 REFUSAL_BYTES = 64 << 10  # the most of a node's refusal of a snapshot that is passed on
@@ -600,7 +608,7 @@ class CheckpointDataAPI:
         params = {**{k: q[k] for k in ("leave", "timeoutMs") if k in q}, "sha256": "trailer"}
         # The slot is taken before the node freezes its pod (the next pull waits, its pod not
         # frozen), and held while the node answers in time (see `answer_seconds`).
-        async with self._pulls.turn(t.namespace):
+        async with self._pulls.turn(pull_lane(t.namespace, q.get("leave"))):
             ck = await self.registry.get(t.res, t.namespace, t.name)
             with self._one_upload(t, ck, by_user=False):
                 node_obj = await self.registry.get(by_plural("nodes"), None, node)
