@@ -997,7 +997,10 @@ class Registry:
         value = fields.value_of(field) if field is not None and fields is not None else None
         triggered = getattr(self.store, "watch_triggered", None)
         if value is None or triggered is None or field is None:
-            return self.store.watch(prefix, start)
+            # With PROGRESS marks where the store has them: a quiet kind's watch learns the
+            # store's revision, for its bookmarks (kube32.store.sqlite).
+            progress = getattr(self.store, "watch_progress", None)
+            return progress(prefix, start) if progress is not None else self.store.watch(prefix, start)
         if res.plural not in self._triggers_set:
             self._triggers_set.add(res.plural)
             self.store.set_trigger(res.prefix(None), self._trigger_values(res, field))  # type: ignore[attr-defined]

@@ -51,3 +51,37 @@ def test_a_write_reaches_its_nodes_watches_only() -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
             await store.close()
     asyncio.run(main())
+
+
+def test_a_quiet_kinds_watch_learns_the_stores_revision(monkeypatch) -> None:
+    # Issue 25: the controllers' pods informer, its watch quiet at rest, resumed after its
+    # timeout from a revision long compacted (a fleet writes 200 times a second) and
+    # listed 10,000 pods again.
+    import kube32.store.sqlite as sq
+    from kube32.apiserver.registry import PROGRESS
+    monkeypatch.setattr(sq, "PROGRESS_SECONDS", 0.0)
+
+    async def main() -> None:
+        store = await SQLiteStore.open(":memory:")
+        registry = Registry(store)
+        await registry.create(by_plural("namespaces"), None, {"metadata": {"name": "default"}}, check_namespace=False)
+        marks: list[int] = []
+
+        async def follow() -> None:
+            items = registry.watch_items(PODS, None, None, None, str(store.current_revision), False)
+            async for item in items:
+                if item.type == PROGRESS:
+                    marks.append(item.revision)
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.05)
+        try:
+            for i in range(3):   # writes of another kind only
+                await registry.create(by_plural("configmaps"), "default",
+                                      {"metadata": {"name": f"c{i}"}, "data": {}})
+            await asyncio.sleep(0.05)
+            assert marks and marks[-1] == store.current_revision
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await store.close()
+    asyncio.run(main())
