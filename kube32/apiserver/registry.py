@@ -1006,14 +1006,33 @@ class Registry:
             self.store.set_trigger(res.prefix(None), self._trigger_values(res, field))  # type: ignore[attr-defined]
         return triggered(prefix, start, value)
 
-    def _trigger_values(self, res: Resource, field: str) -> Callable[[WatchEvent], builtins.list[str]]:
-        """The values of ``field`` an event's object had before and has after it: a watch
-        selecting another value sees it as nothing (``_seen_as``: a progress mark)."""
+    @staticmethod
+    def _trigger_values(res: Resource, field: str) -> Callable[[WatchEvent], builtins.list[str]]:
+        """The values of ``field`` an event's object had before and has after it, or more:
+        a watch selecting another value sees it as nothing (``_seen_as``: a progress mark).
+        Read from the stored bytes without decoding them (the store calls this for every
+        write and every replayed event): every ``"<last name of field>":"<value>"`` in the
+        object's compact JSON (:func:`encode`; a string holds no bare quote, so each is a
+        key and its value), and "" (the field unset) always: a superset, which is all a
+        trigger needs."""
+        mark = b'"' + field.rsplit(".", 1)[-1].encode() + b'":"'
+
+        def scan(value: bytes, out: set[str]) -> None:
+            at = value.find(mark)
+            while at >= 0:
+                start = at + len(mark)
+                end = value.find(b'"', start)
+                if end < 0:
+                    return
+                out.add(value[start:end].decode("utf-8", "replace"))
+                at = value.find(mark, end)
+
         def values(ev: WatchEvent) -> builtins.list[str]:
-            out = [res.strategy.fields(self._shared_decode(ev.kv)).get(field, "")]
+            out = {""}
+            scan(ev.kv.value, out)
             if ev.prev is not None:
-                out.append(res.strategy.fields(self._shared_decode(ev.prev)).get(field, ""))
-            return out
+                scan(ev.prev.value, out)
+            return list(out)
         return values
 
     def _seen_as(self, res: Resource, ev: WatchEvent, labels: LabelSelector | None,

@@ -23,7 +23,7 @@ Invariants:
     so a write reaches the few watchers it may concern, not a thousand nodes' each; and,
     at most every `PROGRESS_SECONDS` of writes, a ``PROGRESS`` event at the write's
     revision (nothing for it up to there: as etcd's progress notifications), so its
-    bookmarks keep up.  Replays from the log are not filtered (the reader filters them).
+    bookmarks keep up.  Replays from the log are filtered by the same function.
     `watch_progress`: an untriggered watch that takes those PROGRESS marks too (a quiet
     prefix's watch, resumed after its timeout, would otherwise resume from a compacted
     revision and list again: at 1,000 nodes the controllers' pods informer did).
@@ -500,6 +500,15 @@ class SQLiteStore(StoreFigures):
                 if not watcher.push(mark):
                     lagged.append(watcher)
 
+    def _concerns(self, watcher: _Watcher, event: WatchEvent) -> bool:
+        """Whether a replayed event is the watcher's: a triggered watch's only when its
+        trigger values hold the watch's (so a watch resumed from a revision a while back
+        reads the events of its node, not every pod event since, each decoded)."""
+        if watcher.trigger is None:
+            return True
+        fn = next((f for p, f in self._triggers.items() if event.kv.key.startswith(p)), None)
+        return fn is None or watcher.trigger in set(fn(event))
+
     def set_trigger(self, prefix: str, values: Callable[[WatchEvent], Iterable[str]]) -> None:
         """The trigger values of an event under ``prefix`` (the module docstring)."""
         self._triggers[check_prefix(prefix)] = values
@@ -604,7 +613,8 @@ class SQLiteStore(StoreFigures):
                     while cursor < upto and not self._closed:
                         page = self._replay_page(prefix, cursor, upto)
                         for event in page:
-                            yield event
+                            if self._concerns(watcher, event):
+                                yield event
                             cursor = event.revision
                         if len(page) < self.replay_page_size:
                             cursor = upto

@@ -85,3 +85,37 @@ def test_a_quiet_kinds_watch_learns_the_stores_revision(monkeypatch) -> None:
             await asyncio.gather(task, return_exceptions=True)
             await store.close()
     asyncio.run(main())
+
+
+def test_a_resumed_node_watch_replays_its_own_writes_only() -> None:
+    # Issue 25: a thousand kubelets' watches resumed from a bookmark a few seconds back
+    # each decoded every pod write since (thousands), to drop all but their own.
+    async def main() -> None:
+        store = await SQLiteStore.open(":memory:")
+        registry = Registry(store)
+        await registry.create(by_plural("namespaces"), None, {"metadata": {"name": "default"}}, check_namespace=False)
+        fields = parse_field_selector("spec.nodeName=n2")
+        live = registry.watch(PODS, None, None, fields, str(store.current_revision))   # the trigger is set
+        first = asyncio.create_task(live.__anext__())
+        await asyncio.sleep(0.01)
+        since = store.current_revision
+        for i in range(50):
+            await registry.create(PODS, "default", pod(f"a{i}", "n1"))
+        await registry.create(PODS, "default", pod("b", "n2"))
+        await asyncio.wait_for(first, 5)
+        decoded = []
+        real = registry._shared_decode
+
+        def counting(kv):  # type: ignore[no-untyped-def]
+            decoded.append(kv.key)
+            return real(kv)
+        registry._shared_decode = counting  # type: ignore[method-assign]
+        got = []
+        async for etype, obj in registry.watch(PODS, None, None, fields, str(since)):
+            got.append((etype, obj["metadata"]["name"]))
+            break
+        assert got == [("ADDED", "b")]
+        assert len(decoded) <= 2, decoded        # b alone, not the 50 pods of n1
+        await live.aclose()
+        await store.close()
+    asyncio.run(main())
