@@ -38,7 +38,7 @@ from collections import deque
 from contextlib import contextmanager
 import time
 from pathlib import Path
-from typing import AsyncGenerator, Callable, Iterable, Iterator
+from typing import Any, AsyncGenerator, Callable, Iterable, Iterator
 
 from .base import (
     StoreFigures,
@@ -63,6 +63,7 @@ from .base import (
 
 SCHEMA_VERSION = 1
 
+HISTORY_SECONDS = 300.0   # the API server's store keeps at least this long of history too (opening.py)
 PROGRESS_SECONDS = 10.0   # PROGRESS marks, at most this often (writes permitting): within a bookmark interval
 
 _SCHEMA = """
@@ -184,6 +185,7 @@ class SQLiteStore(StoreFigures):
         *,
         compact_every: int = 1000,
         watch_queue_size: int = 1000,
+        history_seconds: float = 0.0,
     ) -> None:
         if history < 0 or compact_every < 1 or watch_queue_size < 1:
             raise StoreError(
@@ -191,6 +193,7 @@ class SQLiteStore(StoreFigures):
             )
         self._path = str(path)
         self._history = history
+        self._history_seconds = history_seconds
         self._compact_every = compact_every
         self._watch_queue_size = watch_queue_size
         self._writes_since_compact = 0
@@ -199,6 +202,7 @@ class SQLiteStore(StoreFigures):
         self._triggered: dict[str, dict[str, set[_Watcher]]] = {}
         self._triggers: dict[str, Callable[[WatchEvent], Iterable[str]]] = {}
         self._progress_at = 0.0
+        self._marks: deque[tuple[float, int]] = deque()   # (monotonic time, revision) at each compaction round
         self._progress_watchers: set[_Watcher] = set()   # those that take PROGRESS marks
         self.pushed = 0   # events pushed to watchers (a test counts them)
         self._closed = False
@@ -208,7 +212,7 @@ class SQLiteStore(StoreFigures):
         self._revision = max(last, self._compacted)
 
     @classmethod
-    async def open(cls, path: str | Path, history: int = 10000, **options: int) -> SQLiteStore:
+    async def open(cls, path: str | Path, history: int = 10000, **options: Any) -> SQLiteStore:
         return cls(path, history, **options)
 
     # --- opening -----------------------------------------------------------
@@ -525,7 +529,17 @@ class SQLiteStore(StoreFigures):
         return self._watch(prefix, start_revision, None, True)
 
     def _compact_automatically(self) -> None:
-        target = self._revision - self._history
+        # At least `history` revisions, and at least `history_seconds` of them (as
+        # kube-apiserver compacts etcd every 5 minutes): a fleet writes hundreds of times a
+        # second, and a watch resumed from a bookmark a few seconds old must find its
+        # revision still there, or a thousand kubelets list every pod again (issue 25).
+        now = time.monotonic()
+        self._marks.append((now, self._revision))
+        keep = self._history_seconds
+        while len(self._marks) > 1 and self._marks[1][0] <= now - keep:
+            self._marks.popleft()
+        old_enough = self._marks[0][1] if self._marks[0][0] <= now - keep else 0
+        target = min(self._revision - self._history, old_enough)
         if target <= self._compacted:
             return
         try:

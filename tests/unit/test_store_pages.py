@@ -57,3 +57,26 @@ def test_a_chunk_asks_no_count_of_what_follows() -> None:
         finally:
             await s.close()
     asyncio.run(main())
+
+
+def test_automatic_compaction_keeps_the_last_minutes_too(monkeypatch) -> None:
+    # Issue 25: 10,000 revisions were 30 s of a 1,000-node fleet; watches resumed from a
+    # bookmark found theirs compacted and a thousand kubelets listed every pod again.
+    import kube32.store.sqlite as sq
+    clock = [1000.0]
+    monkeypatch.setattr(sq.time, "monotonic", lambda: clock[0])
+
+    async def main() -> None:
+        s = sq.SQLiteStore(":memory:", history=10, compact_every=5, history_seconds=300.0)
+        try:
+            kv = await s.create("/k", b"0")
+            for i in range(40):
+                kv = await s.update("/k", str(i).encode(), kv.mod_revision)
+            assert s.compacted_revision == 0            # all of it younger than 300 s
+            clock[0] += 301
+            for i in range(10):
+                kv = await s.update("/k", str(i).encode(), kv.mod_revision)
+            assert 0 < s.compacted_revision <= 41       # what is older than 300 s may go
+        finally:
+            await s.close()
+    asyncio.run(main())
