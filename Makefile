@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-cross lint venv pods bench clean
+.PHONY: demo test test-cross lint venv pods bench bench-fleet clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -37,8 +37,19 @@ test-cross: $(STAMP) pods
 	$(BIN)/python -m tests.cross.rootfs
 	KUBE32_CROSS_REQUIRED=1 $(BIN)/python -m pytest -q -x --durations=10 tests/cross $(PYTEST_ARGS)
 
+# Every bench (the fleet's at small sizes), then docs/benchmarks.md.
 bench: $(STAMP) pods
 	$(BIN)/python -m bench
+
+# The fleet at scale (issue 25: 100, 300 and 1,000 devkit boards, 10 counter pods each, a
+# drain of 50 nodes and the loss of up to 100), py-spy profiles of the control plane at the
+# largest size in bench/fleet-profile*.txt; its section of docs/benchmarks.md and
+# docs/fleet-growth.png are replaced in place (`make bench` keeps them).  About 45 minutes.
+FLEET_SIZES ?= 100,300,1000
+bench-fleet: $(STAMP) pods
+	$(BIN)/pip install -q py-spy
+	$(BIN)/python -m bench.bench_fleet --sizes $(FLEET_SIZES) --pods-per-node 10 --drain 50 --lose 100 \
+		--profile --json bench/fleet-figures.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

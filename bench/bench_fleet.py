@@ -1,24 +1,36 @@
 """How a fleet's cost grows with its nodes (issue 25): ``kube32-sim fleet`` of N nodes
 against a control plane of its own, for each N of ``--sizes``.
 
-For each size: a fresh control plane (``--no-kubelet``) and a fleet of N devkit boards
-(pwasm, the boards' 10 s Lease and status intervals, ``--interp-mops`` given so no node
-measures).  Measured: the time until every node is Ready (from the fleet's start),
-the fleet's RSS once they are (and per node: the total over N, and the growth per node
-from the smallest size), the control plane's RSS, and both processes' CPU at rest (over
-``--rest`` seconds after the join: Lease renewals and status reports only), as a share of
-one core.  ``--pods-per-node K`` adds K counter pods a node.  ``--profile`` records the
-control plane at the largest size at rest with py-spy (``--profile-out``, a text of the
-hottest functions).
+For each size: a fresh control plane (``--no-kubelet``, a checkpoint data space sized for
+the pods the loss and the drain checkpoint) and a fleet of N devkit boards (pwasm, the
+boards' 10 s Lease and status intervals, ``--interp-mops`` given so no node measures),
+``--pods-per-node K`` counter pods bound to each.  Measured, in order: the time until
+every node is Ready (from the fleet's start); the time until every pod runs; the fleet's
+and the control plane's RSS and both processes' CPU at rest (over ``--rest`` seconds:
+Lease renewals and status reports only), as a share of one core; the p50/p99 of watch
+delivery (``--probes`` merge patches, each timed to its event on a watch of the
+namespace's pods); ``list pods`` (all, and one node's by ``spec.nodeName``); the loss of
+``--lose`` nodes at once (their pods get a periodic checkpoint every 120 s, and the nodes
+to drain are cordoned, first; then the fleet kills the nodes: until every pod is Ready
+elsewhere, restored from its checkpoint); the drain of ``--drain`` nodes through the
+Eviction API (until every pod is Ready elsewhere, its state kept).  The loss and drain
+are sized down to what the other boards can hold (:meth:`Plan.sized`: a devkit holds 16
+pods).  ``--profile`` records the control plane with py-spy at the largest size at rest,
+during the loss and during the drain (``--profile-out``: texts of the hottest functions).
 
-Figures are of this machine as it is (the bench does not own it: other work may run),
-so the report says when each ran and what the machine was."""
+The small sizes (the defaults: what ``make bench`` runs) add their section to the report;
+100 nodes or more (``make bench-fleet``) replace theirs in docs/benchmarks.md in place,
+with docs/fleet-growth.png (bench/pngplot.py) and each figure's growth.  Figures are of
+this machine as it is (the bench does not own it: other work may run), so the report
+says when each ran, what the machine was and its load."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -27,20 +39,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator, Awaitable, Callable
 
-from bench import cluster, report
+from bench import cluster, pngplot, report
 from kube32 import objects
-from kube32.client import CHECKPOINTS, CONFIGMAPS, NODES, PODS, Client
+from kube32.client import CHECKPOINTS, CONFIGMAPS, NODES, PODS, ApiError, Client, Informer
 from kube32.terms import Annotation, CheckpointPhase
 
 ROOT = Path(__file__).resolve().parent.parent
-SIZES = (10, 50, 100, 300)
+SIZES = (10, 30)              # `make bench`'s: small (`make bench-fleet` runs SCALE_ARGS)
+SMALL_PODS, SMALL_DRAIN, SMALL_LOSE = 2, 2, 2
 REST_SECONDS = 20.0
 PROBES = 100
 GRACE_SECONDS = 20.0
-CHECKPOINT_EVERY = 15.0
+CHECKPOINT_EVERY = 120.0
 PROBE_ANNOTATION = "bench.kube32.io/probe"
+ROOM_USED = 0.6                 # of the other boards' spare pod slots, at most, for the lost and drained pods
+BOARD_MAX_PODS = 16             # a devkit board's pod capacity (kube32.sim.profiles)
+SPACE_FLOOR = 16 << 20          # the control plane's checkpoint data space: the simulator's ...
+SPACE_PER_POD = 128 << 10       # ... and this much more for each pod that a loss or a drain checkpoints
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -75,11 +92,6 @@ async def _ready_count(api: Client, prefix: str) -> int:
         for c in (n.get("status") or {}).get("conditions") or []))
 
 
-async def _running_pods(api: Client) -> int:
-    items, _ = await api.list(PODS, "default", label_selector="kube32.io/fleet-node")
-    return sum(1 for p in items if (p.get("status") or {}).get("phase") == "Running")
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What one size measures beyond the join and the rest (see the module docstring)."""
@@ -91,6 +103,18 @@ class Plan:
     grace: float = GRACE_SECONDS  # the control plane's node-monitor grace period
     trace: Path | None = None     # tracemalloc both processes, reports in this directory
 
+    def sized(self, n: int) -> tuple[int, int]:
+        """(nodes to drain, nodes to lose) at ``n`` nodes: at most a fifth and a third of
+        them, and fewer lost while the others (less the drained, cordoned) have no room for
+        both's pods within ROOM_USED of their spare pod capacity (a devkit board holds 16
+        pods; moves choose their targets one by one, several may choose the same)."""
+        drain, lose = min(self.drain, n // 5), min(self.lose, n // 3)
+        spare = BOARD_MAX_PODS - self.pods_per_node
+        if self.pods_per_node:
+            while lose > 0 and self.pods_per_node * (lose + drain) > ROOM_USED * spare * (n - lose - drain):
+                lose -= 1
+        return drain, lose
+
 
 def _sim(trace: Path | None, name: str, *args: str) -> list[str]:
     if trace is None:
@@ -100,9 +124,12 @@ def _sim(trace: Path | None, name: str, *args: str) -> list[str]:
 
 async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="kube32-bench-fleet-"))
+    # Room for every lost pod's latest periodic checkpoint and a drain's moves beside it:
+    # the simulator's 16 MiB holds about a hundred counters' snapshots.
+    space = SPACE_FLOOR + SPACE_PER_POD * plan.pods_per_node * (plan.sized(n)[1] + plan.sized(n)[0])
     cp = _start(_sim(plan.trace, "control-plane", "control-plane", "--data-dir", str(tmp), "--port", "0",
                      "--no-kubelet", "--node-monitor-grace-period", f"{plan.grace:g}s",
-                     "--pod-eviction-timeout", "1s"), tmp / "control-plane.log")
+                     "--pod-eviction-timeout", "1s", "--checkpoint-space", str(space)), tmp / "control-plane.log")
     fleet: subprocess.Popen | None = None
     api: Client | None = None
     try:
@@ -118,17 +145,21 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         began = time.monotonic()
         fleet = _start(_sim(plan.trace, "fleet", "fleet", "--kubeconfig", str(tmp / "node.kubeconfig"),
                             "--nodes", str(n), "--interp-mops", "5"), tmp / "fleet.log", stdin=True)
-        ready_at = await cluster.Cluster.wait(lambda: _ready_at(api, n, fleet, began), 60 + n, f"{n} nodes Ready",
-                                              interval=0.25)
+        ready_at = await cluster.Cluster.wait(_patient(lambda: _ready_at(api, n, fleet, began)), 60 + n,
+                                              f"{n} nodes Ready", interval=0.5)
         nodes = [f"fleet-{i}" for i in range(1, n + 1)]
-        lost = nodes[n - plan.lose:] if plan.lose else []
+        print(f"  {n} nodes Ready in {ready_at:.1f} s", flush=True)
+        drain, lose = plan.sized(n)
+        lost = nodes[n - lose:] if lose else []
         pods_s = None
         if plan.pods_per_node:
             t_pods = time.monotonic()
-            await _create_pods(api, nodes, plan.pods_per_node, image, set(lost))
-            await cluster.Cluster.wait(lambda: _pods_done(api, n * plan.pods_per_node), 120 + 2 * n,
-                                       "pods running", 0.5)
+            async with _watching(api, PODS) as pods:
+                await _create_pods(api, nodes, plan.pods_per_node, image)
+                await _until(lambda: sum(1 for p in pods.list() if objects.phase(p) == "Running")
+                             >= n * plan.pods_per_node, 120 + 2 * n, "pods running")
             pods_s = time.monotonic() - t_pods
+            print(f"  {n * plan.pods_per_node} pods Running in {pods_s:.1f} s", flush=True)
         await asyncio.sleep(2)   # the last joins' first status writes
         cp_cpu, fl_cpu = cpu_seconds(cp.pid), cpu_seconds(fleet.pid)
         load0 = os.getloadavg()[0]
@@ -148,10 +179,15 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         probe = f"{nodes[0]}-1" if plan.pods_per_node else None
         out["watch_ms"] = await watch_delivery(api, probe, plan.probes)
         out["list_ms"] = await list_times(api, nodes[0])
-        if plan.lose:   # first: a drain's replacements on the nodes to lose would have no checkpoint
-            out["lose"] = await lose_nodes(api, fleet, lost, plan.grace)
-        if plan.drain:
-            out["drain"] = await drain_nodes(api, nodes[:plan.drain])
+        print(f"  at rest: {json.dumps(out)}", flush=True)
+        if drain and lose:   # the pods of the lost nodes go elsewhere than the nodes to drain
+            await _cordon(api, nodes[:drain])
+        if lose:   # first: the drain's pods stay off the nodes to lose (cordoned nodes are not the lost ones)
+            async with _profiling(cp.pid, profile_out, "lose"):
+                out["lose"] = await lose_nodes(api, fleet, lost, plan.grace)
+        if drain:
+            async with _profiling(cp.pid, profile_out, "drain"):
+                out["drain"] = await drain_nodes(api, nodes[:drain])
         print(f"  {n} nodes: {json.dumps(out)}", flush=True)
         return out
     finally:
@@ -163,19 +199,56 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def _create_pods(api: Client, nodes: list[str], per_node: int, image: str, periodic: set[str]) -> None:
-    """``per_node`` counter pods bound to each node; those on ``periodic`` nodes take a
-    periodic checkpoint (only they: a thousand pods checkpointing would be the load)."""
+async def _create_pods(api: Client, nodes: list[str], per_node: int, image: str) -> None:
+    """``per_node`` counter pods bound to each node."""
     gate = asyncio.Semaphore(8)
 
     async def one(node: str, j: int) -> None:
         pod = cluster.counter_pod(f"{node}-{j}", image, node, labels={"kube32.io/fleet-node": node})
         pod["spec"]["terminationGracePeriodSeconds"] = 1
-        if node in periodic:
-            pod["metadata"]["annotations"] = {Annotation.CHECKPOINT_INTERVAL: f"{CHECKPOINT_EVERY:g}s"}
         async with gate:
             await api.create(PODS, pod, "default")
     await asyncio.gather(*(one(node, j) for node in nodes for j in range(1, per_node + 1)))
+
+
+async def _cordon(api: Client, nodes: list[str]) -> None:
+    await asyncio.gather(*(api.patch(NODES, n, {"spec": {"unschedulable": True}}) for n in nodes))
+
+
+async def _periodic(api: Client, names: list[str]) -> None:
+    """Periodic checkpoints for these pods only, from now on (so the figures at rest are
+    without them: a thousand pods checkpointing every 120 s are a load of their own)."""
+    gate = asyncio.Semaphore(8)
+
+    async def one(name: str) -> None:
+        async with gate:
+            await api.patch(PODS, name, {"metadata": {"annotations": {
+                Annotation.CHECKPOINT_INTERVAL: f"{CHECKPOINT_EVERY:g}s"}}}, "default")
+    await asyncio.gather(*(one(n) for n in names))
+
+
+@contextlib.asynccontextmanager
+async def _profiling(pid: int, out: Path | None, phase: str) -> AsyncIterator[None]:
+    """py-spy records ``pid`` while the block runs (when ``out``), into ``out``-``phase``."""
+    if out is None:
+        yield
+        return
+    raw = out.with_name(f"{out.stem}-{phase}.raw.txt")
+    p = await asyncio.create_subprocess_exec(_spy(), "record", "--pid", str(pid), "--duration", "900",
+                                             "--rate", "50", "--format", "raw", "--output", str(raw),
+                                             "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        if p.returncode is None:
+            p.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(p.wait(), 60)
+        except asyncio.TimeoutError:
+            p.kill()
+            await p.wait()
+        if raw.exists():
+            out.with_name(f"{out.stem}-{phase}.txt").write_text(top_functions(raw.read_text()))
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -241,6 +314,20 @@ async def list_times(api: Client, node: str, repeats: int = 5) -> dict[str, Any]
     return out
 
 
+def _patient(check: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """A wait's check that takes a busy API server's timeout as "not yet" (the bench's
+    own polls must not end a run that a loaded control plane answers slowly)."""
+    async def asked() -> Any:
+        try:
+            return await check()
+        except (ApiError, asyncio.TimeoutError) as e:
+            if isinstance(e, ApiError) and e.code not in (0, 429, 500, 503, 504):
+                raise
+            print(f"  (a poll failed: {e}; asking again)", flush=True)
+            return None
+    return asked
+
+
 async def _states(api: Client, names: list[str]) -> dict[str, Any]:
     gate = asyncio.Semaphore(8)
 
@@ -254,22 +341,46 @@ async def _states(api: Client, names: list[str]) -> dict[str, Any]:
     return dict(zip(names, await asyncio.gather(*(ask(n) for n in names)), strict=True))
 
 
-async def _pods_of(api: Client, nodes: list[str]) -> dict[str, str]:
-    items, _ = await api.list(PODS, "default", label_selector="kube32.io/fleet-node")
-    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in items if p["spec"].get("nodeName") in nodes}
+@contextlib.asynccontextmanager
+async def _watching(api: Client, kind: Any) -> AsyncIterator[Informer]:
+    """An informer of ``kind`` in the namespace: the bench's waits read its cache (a list
+    of every pod each half second would be a load of its own on the control plane it
+    measures: 3,000 pods, a second each)."""
+    inf = Informer(api, kind, "default")
+    inf.start()
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 120)
+        yield inf
+    finally:
+        await inf.stop()
 
 
-async def _replaced(api: Client, uids: dict[str, str], away: list[str]) -> bool:
-    items, _ = await api.list(PODS, "default", label_selector="kube32.io/fleet-node")
-    return sum(1 for p in items if p["metadata"]["name"] in uids and p["metadata"]["uid"] != uids[p["metadata"]["name"]]
+def _pods_of(pods: Informer, nodes: list[str]) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods.list() if p["spec"].get("nodeName") in nodes}
+
+
+def _replaced(pods: Informer, uids: dict[str, str], away: list[str]) -> bool:
+    return sum(1 for p in pods.list() if p["metadata"]["name"] in uids
+               and p["metadata"]["uid"] != uids[p["metadata"]["name"]]
                and p["spec"].get("nodeName") not in (None, *away) and cluster.pod_ready(p)) == len(uids)
+
+
+async def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    async def asked() -> bool:
+        return check()
+    await cluster.Cluster.wait(asked, timeout, what, 0.1)
 
 
 async def drain_nodes(api: Client, nodes: list[str]) -> dict[str, Any]:
     """Cordon ``nodes``, evict every pod on them through the Eviction API (8 in flight),
     until every replacement is Ready elsewhere; kept: a pod whose counter went on from
     where it was (its state moved)."""
-    uids = await _pods_of(api, nodes)
+    async with _watching(api, PODS) as pods:
+        return await _drain(api, pods, nodes)
+
+
+async def _drain(api: Client, pods: Informer, nodes: list[str]) -> dict[str, Any]:
+    uids = _pods_of(pods, nodes)
     names = sorted(uids)
     before = await _states(api, names)
     started = time.monotonic()
@@ -282,7 +393,7 @@ async def drain_nodes(api: Client, nodes: list[str]) -> dict[str, Any]:
                 "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "default"}},
                 "default")
     await asyncio.gather(*(evict(n) for n in names))
-    await cluster.Cluster.wait(lambda: _replaced(api, uids, nodes), 300, f"{len(names)} pods drained", 0.25)
+    await _until(lambda: _replaced(pods, uids, nodes), 300, f"{len(names)} pods drained")
     seconds = time.monotonic() - started
     after = await _states(api, names)
     kept = sum(1 for n in names if isinstance(before[n], dict) and isinstance(after[n], dict)
@@ -290,9 +401,8 @@ async def drain_nodes(api: Client, nodes: list[str]) -> dict[str, Any]:
     return {"nodes": len(nodes), "pods": len(names), "seconds": round(seconds, 1), "kept": kept}
 
 
-async def _all_checkpointed(api: Client, names: set[str]) -> bool:
-    items, _ = await api.list(CHECKPOINTS, "default")
-    return names <= {c["spec"].get("podName") for c in items if objects.phase(c) == CheckpointPhase.SAVED
+def _all_checkpointed(checkpoints: Informer, names: set[str]) -> bool:
+    return names <= {c["spec"].get("podName") for c in checkpoints.list() if objects.phase(c) == CheckpointPhase.SAVED
                      and objects.status(c).get("sizeBytes")}
 
 
@@ -300,16 +410,18 @@ async def lose_nodes(api: Client, fleet: subprocess.Popen, nodes: list[str], gra
     """Once every pod on ``nodes`` has a Saved periodic checkpoint, kill those nodes at
     once (the fleet's ``kill``: their Leases just stop), until every pod is Ready
     elsewhere again; restored: a pod that came back from its checkpoint."""
-    uids = await _pods_of(api, nodes)
-    names = sorted(uids)
-    await cluster.Cluster.wait(lambda: _all_checkpointed(api, set(names)), 120 + CHECKPOINT_EVERY,
-                               "periodic checkpoints", 0.5)
-    assert fleet.stdin is not None
-    started = time.monotonic()
-    fleet.stdin.write("".join(f"kill {n}\n" for n in nodes).encode())
-    fleet.stdin.flush()
-    await cluster.Cluster.wait(lambda: _replaced(api, uids, nodes), grace + 300, f"{len(names)} pods restored", 0.5)
-    seconds = time.monotonic() - started
+    async with _watching(api, PODS) as pods, _watching(api, CHECKPOINTS) as checkpoints:
+        uids = _pods_of(pods, nodes)
+        names = sorted(uids)
+        await _periodic(api, names)
+        await _until(lambda: _all_checkpointed(checkpoints, set(names)), 120 + CHECKPOINT_EVERY + len(names) / 10,
+                     "periodic checkpoints")
+        assert fleet.stdin is not None
+        started = time.monotonic()
+        fleet.stdin.write("".join(f"kill {n}\n" for n in nodes).encode())
+        fleet.stdin.flush()
+        await _until(lambda: _replaced(pods, uids, nodes), grace + 300, f"{len(names)} pods restored")
+        seconds = time.monotonic() - started
     after = await _states(api, names)
     restored = sum(1 for n in names if isinstance(after[n], dict) and after[n]["restored_calls"] >= 1)
     return {"nodes": len(nodes), "pods": len(names), "seconds": round(seconds, 1), "grace": grace,
@@ -346,14 +458,13 @@ async def _ready_at(api: Client, n: int, fleet: subprocess.Popen, began: float) 
     return time.monotonic() - began if await _ready_count(api, "fleet-") >= n else None
 
 
-async def _pods_done(api: Client, want: int) -> bool:
-    return await _running_pods(api) >= want
+def _spy() -> str:
+    return shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
 
 
 async def _profile(pid: int, seconds: float, out: Path) -> None:
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     raw = out.with_suffix(".raw.txt")
-    p = await asyncio.create_subprocess_exec(spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+    p = await asyncio.create_subprocess_exec(_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)),
                                              "--rate", "50", "--format", "raw", "--output", str(raw),
                                              "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     await p.wait()
@@ -385,23 +496,118 @@ def top_functions(raw: str, top: int = 30) -> str:
     return "\n".join(lines) + "\n"
 
 
-def section(rows: list[dict[str, Any]], rest: float) -> str:
-    first = rows[0]
-    body = []
-    for r in rows:
-        growth = ((r["fleet_rss"] - first["fleet_rss"]) / (r["nodes"] - first["nodes"])
-                  if r["nodes"] > first["nodes"] else None)
-        body.append([str(r["nodes"]), str(r["pods"]), f"{r['join_s']:.1f} s",
-                     f"{r['nodes'] / r['join_s']:.1f}", f"{r['fleet_rss'] / 2**20:.0f} MiB",
-                     f"{r['fleet_rss'] / r['nodes'] / 2**20:.2f} MiB",
-                     f"{growth / 2**20:.2f} MiB" if growth is not None else "-",
-                     f"{r['cp_rss'] / 2**20:.0f} MiB", f"{100 * r['cp_cpu']:.0f}%", f"{100 * r['fleet_cpu']:.0f}%"])
-    text = ("## Fleets (issue 25)\n\n"
-            "`kube32-sim fleet --nodes N` (devkit boards, pwasm, Lease and status every 10 s) against a control "
-            f"plane of its own; CPU at rest over {rest:g} s after every node is Ready, as a share of one core.  "
-            "Measured on this 2-core machine with other work running: figures are indicative, not a baseline.\n\n")
-    return text + report.table(["nodes", "pods", "all Ready", "joins/s", "fleet RSS", "RSS / node",
-                                "growth / node", "control plane RSS", "control plane CPU", "fleet CPU"], body)
+SMALL_TITLE = "## Fleets (issue 25, small sizes: `make bench`)"
+LEGACY_TITLES = ("## Fleets (issue 25)",)   # the section before these two
+SCALE_TITLE = "## Fleets at scale (issue 25, `make bench-fleet`)"
+PLOT = ROOT / "docs" / "fleet-growth.png"
+GOAL_CPU, GOAL_WATCH_P99_MS, GOAL_DRAIN_S, GOAL_LOSS_OVER_GRACE_S = 0.25, 100.0, 60.0, 30.0
+
+
+def growth(rows: list[dict[str, Any]], value: Callable[[dict[str, Any]], float | None]) -> tuple[str, float | None]:
+    """How a figure grows from the smallest size to the largest: its exponent k (the
+    figure ~ nodes^k) and a word for it."""
+    pts = [(r["nodes"], value(r)) for r in rows]
+    pts = [(n, v) for n, v in pts if v is not None and v > 0]
+    if len(pts) < 2 or pts[-1][0] == pts[0][0]:
+        return "-", None
+    k = math.log(pts[-1][1] / pts[0][1]) / math.log(pts[-1][0] / pts[0][0])
+    word = ("flat" if k < 0.3 else "sublinear" if k < 0.8 else "linear" if k <= 1.25
+            else f"worse than linear (n^{k:.1f})")
+    return word, k
+
+
+def _get(r: dict[str, Any], *path: str) -> Any:
+    for p in path:
+        r = r.get(p) if isinstance(r, dict) else None
+    return r
+
+
+FIGURES: list[tuple[str, Callable[[dict[str, Any]], Any], Callable[[Any], str]]] = [
+    ("all Ready (join)", lambda r: r["join_s"], lambda v: f"{v:.1f} s"),
+    ("fleet RSS", lambda r: r["fleet_rss"], lambda v: f"{v / 2**20:.0f} MiB"),
+    ("control plane RSS", lambda r: r["cp_rss"], lambda v: f"{v / 2**20:.0f} MiB"),
+    ("control plane CPU at rest", lambda r: r["cp_cpu"], lambda v: f"{100 * v:.0f}%"),
+    ("fleet CPU at rest", lambda r: r["fleet_cpu"], lambda v: f"{100 * v:.0f}%"),
+    ("watch p50", lambda r: _get(r, "watch_ms", "p50"), lambda v: f"{v:.0f} ms"),
+    ("watch p99", lambda r: _get(r, "watch_ms", "p99"), lambda v: f"{v:.0f} ms"),
+    ("list pods (all)", lambda r: _get(r, "list_ms", "all"), lambda v: f"{v:.0f} ms"),
+    ("list pods (one node's)", lambda r: _get(r, "list_ms", "node"), lambda v: f"{v:.0f} ms"),
+    ("drain", lambda r: _get(r, "drain", "seconds"), lambda v: f"{v:.1f} s"),
+    ("loss, to all restored", lambda r: _get(r, "lose", "seconds"), lambda v: f"{v:.1f} s"),
+]
+
+
+def _drain_cell(r: dict[str, Any]) -> str:
+    d = r.get("drain")
+    return f"{d['nodes']} nodes, {d['pods']} pods: {d['seconds']:.1f} s, {d['kept']} kept" if d else "-"
+
+
+def _lose_cell(r: dict[str, Any]) -> str:
+    d = r.get("lose")
+    return (f"{d['nodes']} nodes, {d['pods']} pods: {d['seconds']:.1f} s (grace {d['grace']:g} s), "
+            f"{d['restored']} restored" if d else "-")
+
+
+def goals(r: dict[str, Any]) -> list[list[str]]:
+    """The issue's goals against the largest size's figures."""
+    out = [["control plane CPU at rest < 25% of a core", f"{100 * r['cp_cpu']:.0f}%",
+            report.verdict(r["cp_cpu"] < GOAL_CPU)]]
+    p99 = _get(r, "watch_ms", "p99")
+    if p99 is not None:
+        out.append(["watch delivery p99 < 100 ms", f"{p99:.0f} ms", report.verdict(p99 < GOAL_WATCH_P99_MS)])
+    d = r.get("drain")
+    if d:
+        out.append([f"drain of {d['nodes']} nodes < 60 s, nothing lost", f"{d['seconds']:.1f} s, "
+                    f"{d['kept']} of {d['pods']} kept",
+                    report.verdict(d["seconds"] < GOAL_DRAIN_S and d["kept"] == d["pods"])])
+    d = r.get("lose")
+    if d:
+        out.append([f"loss of {d['nodes']} nodes recovered within grace + 30 s", f"{d['seconds']:.1f} s "
+                    f"(grace {d['grace']:g} s), {d['restored']} of {d['pods']} restored",
+                    report.verdict(d["seconds"] <= d["grace"] + GOAL_LOSS_OVER_GRACE_S
+                                   and d["restored"] == d["pods"])])
+    return out
+
+
+def section(rows: list[dict[str, Any]], rest: float, title: str = SMALL_TITLE, plot: Path | None = None) -> str:
+    body = [[str(r["nodes"]), str(r["pods"]), f"{r['join_s']:.1f} s", f"{r['fleet_rss'] / r['nodes'] / 2**20:.2f} MiB",
+             f"{r['cp_rss'] / 2**20:.0f} MiB", f"{100 * r['cp_cpu']:.0f}%", f"{100 * r['fleet_cpu']:.0f}%",
+             (f"{r['watch_ms']['p50']:.0f} / {r['watch_ms']['p99']:.0f} ms" if r.get("watch_ms") else "-"),
+             (f"{r['list_ms']['all']:.0f} / {r['list_ms']['node']:.0f} ms" if r.get("list_ms") else "-"),
+             _drain_cell(r), _lose_cell(r), f"{r.get('load', '?')}"] for r in rows]
+    text = (f"{title}\n\n"
+            "`kube32-sim fleet --nodes N` (devkit boards, pwasm, Lease and status every 10 s; counter pods) against "
+            f"a control plane of its own (`--no-kubelet`); CPU at rest over {rest:g} s after every pod runs, as a "
+            "share of one core, before any periodic checkpoint; watch delivery: a merge patch's send to its event on a "
+            "watch of the namespace's pods; list pods: every pod, and one node's by `spec.nodeName`; the loss first "
+            "(its pods take a periodic checkpoint every 120 s from then on, the nodes to drain cordoned), then the "
+            "drain through the Eviction API.  Measured on this 2-core machine with other sessions' work running "
+            "(the load column: its 1-minute load average at rest): indicative, one run a size.\n\n")
+    text += report.table(["nodes", "pods", "all Ready", "fleet RSS / node", "control plane RSS",
+                          "control plane CPU", "fleet CPU", "watch p50 / p99", "list all / by node", "drain",
+                          "loss", "load"], body)
+    if len(rows) > 1:
+        grow = []
+        series = []
+        for name, value, fmt in FIGURES:
+            vals = [value(r) for r in rows]
+            if all(v is None for v in vals):
+                continue
+            word, k = growth(rows, value)
+            first = next((v for v in vals if v), None)
+            colour = pngplot.COLOURS[len(series) % len(pngplot.COLOURS)][0]
+            series.append([(r["nodes"], v / first) for r, v in zip(rows, vals, strict=True) if v and first])
+            grow.append([name, colour if plot else "-", " -> ".join("-" if v is None else fmt(v) for v in vals),
+                         "-" if k is None else f"{k:.2f}", word])
+        text += (f"\nGrowth from {rows[0]['nodes']} to {rows[-1]['nodes']} nodes: k in figure ~ nodes^k "
+                 "(1 is linear)")
+        if plot is not None:
+            pngplot.write(plot, series)
+            text += (f"; [the plot](fleet-growth.png) has each figure over its value at {rows[0]['nodes']} "
+                     "nodes, log-log, the grey line linear growth")
+        text += ".\n\n" + report.table(["figure", "colour", "by size", "k", "growth"], grow)
+    text += "\nGoals (issue 25), at the largest size:\n\n" + report.table(["goal", "figure", ""], goals(rows[-1]))
+    return text
 
 
 async def run(sizes: list[int], plan: Plan, profile_out: Path | None) -> list[dict[str, Any]]:
@@ -414,12 +620,12 @@ async def run(sizes: list[int], plan: Plan, profile_out: Path | None) -> list[di
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_fleet")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated fleet sizes")
-    parser.add_argument("--pods-per-node", type=int, default=0)
+    parser.add_argument("--pods-per-node", type=int, default=SMALL_PODS)
     parser.add_argument("--rest", type=float, default=REST_SECONDS, help="seconds at rest to measure CPU over")
     parser.add_argument("--probes", type=int, default=PROBES, help="watch-delivery probes at each size")
-    parser.add_argument("--drain", type=int, default=0, metavar="D",
+    parser.add_argument("--drain", type=int, default=SMALL_DRAIN, metavar="D",
                         help="drain D nodes through the Eviction API at each size (needs --pods-per-node)")
-    parser.add_argument("--lose", type=int, default=0, metavar="L",
+    parser.add_argument("--lose", type=int, default=SMALL_LOSE, metavar="L",
                         help="lose L nodes at once at each size; their pods restore from periodic checkpoints")
     parser.add_argument("--grace", type=float, default=GRACE_SECONDS, help="the node-monitor grace period")
     parser.add_argument("--trace", type=Path, metavar="DIR",
@@ -428,14 +634,32 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", action="store_true", help="py-spy the control plane at the largest size")
     parser.add_argument("--profile-out", type=Path, default=ROOT / "bench" / "fleet-profile.txt")
     parser.add_argument("--no-report", action="store_true", help="print the section, do not add it to the report")
+    parser.add_argument("--scale", action="store_true",
+                        help="write the scale section (and docs/fleet-growth.png) into docs/benchmarks.md in place "
+                             "(the default when the largest size is 100 or more)")
+    parser.add_argument("--in-place", action="store_true",
+                        help="write the small sizes' section into docs/benchmarks.md in place too (not `make bench`)")
+    parser.add_argument("--json", type=Path, help="also write every size's figures to this file")
+    parser.add_argument("--from-json", type=Path, help="no run: write the section from figures a --json run wrote")
     args = parser.parse_args(argv)
     sizes = sorted(int(s) for s in args.sizes.split(",") if s.strip())
     plan = Plan(args.pods_per_node, args.rest, args.probes, args.drain, args.lose, args.grace, args.trace)
     if args.trace:
         args.trace.mkdir(parents=True, exist_ok=True)
-    rows = cluster.run(run(sizes, plan, args.profile_out if args.profile else None))
-    text = section(rows, args.rest)
-    if not args.no_report:
+    if args.from_json:
+        rows = json.loads(args.from_json.read_text())
+        sizes = [r["nodes"] for r in rows]
+    else:
+        rows = cluster.run(run(sizes, plan, args.profile_out if args.profile else None))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    scale = args.scale or max(sizes) >= 100
+    text = section(rows, args.rest, SCALE_TITLE if scale else SMALL_TITLE, PLOT if scale else None)
+    if args.no_report:
+        pass
+    elif scale or args.in_place:
+        report.replace_section(text, drop=LEGACY_TITLES)   # its own target: the other benches' figures stay
+    else:
         report.add(text)
     print(text)
     return 0

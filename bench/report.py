@@ -79,6 +79,47 @@ def _pip_version(name: str) -> str:
         return "?"
 
 
+def _title(section: str) -> str:
+    return section.lstrip().split("\n", 1)[0].strip()
+
+
+def sections_of(doc: str) -> list[str]:
+    """A written report's ``## `` sections, each with its text up to the next one."""
+    out: list[str] = []
+    for part in ("\n" + doc).split("\n## ")[1:]:
+        out.append("## " + part.rstrip() + "\n")
+    return out
+
+
+KEPT = ("## Fleets at scale",)   # sections a `make bench` keeps from the last report (written by their own target)
+NOTES_TITLE = "## Notes:"
+
+
+def _kept(existing: str, fresh: list[str]) -> list[str]:
+    titles = {_title(s) for s in fresh}
+    return [s for s in sections_of(existing) if _title(s).startswith(KEPT) and _title(s) not in titles]
+
+
+def replace_section(section: str, drop: tuple[str, ...] = ()) -> Path:
+    """Put ``section`` into the written report in place of the one of the same title (or
+    before the notes), leaving the rest as it is: a target that runs one bench alone
+    (`make bench-fleet`) updates its own figures only."""
+    doc = OUT.read_text() if OUT.exists() else "# Benchmarks\n"
+    section = section.rstrip() + "\n"
+    title = _title(section)
+    head, _, _ = ("\n" + doc).partition("\n## ")
+    parts = [p for p in sections_of(doc) if _title(p) not in drop]
+    if any(_title(p) == title for p in parts):
+        parts = [section if _title(p) == title else p for p in parts]
+    else:
+        at = next((i for i, p in enumerate(parts) if _title(p).startswith(NOTES_TITLE)), len(parts))
+        parts.insert(at, section)
+    if NOTES.exists():   # the notes as they are now, as write() appends them
+        parts = [p for p in parts if not _title(p).startswith(NOTES_TITLE)] + [NOTES.read_text().rstrip() + "\n"]
+    OUT.write_text(head.lstrip("\n").rstrip() + "\n\n" + "\n".join(parts))
+    return OUT
+
+
 def write(ran: list[str], seconds: float) -> Path:
     parts = [
         "# Benchmarks\n",
@@ -89,6 +130,7 @@ def write(ran: list[str], seconds: float) -> Path:
         "## Machine\n",
         machine(),
         *SECTIONS,
+        *_kept(OUT.read_text() if OUT.exists() else "", SECTIONS),
     ]
     if NOTES.exists():
         parts.append(NOTES.read_text())

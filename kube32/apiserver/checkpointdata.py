@@ -94,7 +94,9 @@ from ..snapshot.writer import ASYNC_WRITE
 from ..terms import GROUP, Cause, CheckpointPhase, Header
 from . import apimetrics, authz, checkpointstatus, errors
 from ..aio import FairShare
-from .dataspace import (BOARD_CAPACITY, IN_FLIGHT_PHASES, SIM_CAPACITY, Buffer, CheckpointDataSpace, Held, Pace,
+from .datafacts import DataFacts
+from .dataspace import (BOARD_CAPACITY, IN_FLIGHT_PHASES, SIM_CAPACITY, Buffer, CheckpointDataSpace, Checkpoints,
+                        Held, Pace,
                         PaceClock, Room, Stored, may_wait, refusal, to_drop, waiting)
 from .eventbus import Hold
 from .heldevents import HeldEvents
@@ -131,6 +133,14 @@ FACT_HEADERS = ((Header.SNAPSHOT_SHA256, "snapshotSha256"), (Header.IMAGE_SHA256
 
 
 WAIT_MAX_SECONDS = timing.DATA_WAIT_MAX_SECONDS
+def pull_lane(namespace: str, leave: str | None) -> str:
+    """Whose turn a pull takes in the one-snapshot-at-a-time line: a namespace's moves
+    (``leave=frozen``: a pod frozen, a drain waiting on it) take turns with its other
+    snapshots (periodic saves), so a fleet's thousand periodic saves queued in one
+    namespace do not hold a drain's moves behind them all (issue 25)."""
+    return f"{namespace}/moves" if leave == "frozen" else namespace
+
+
 STAGING_PATIENCE = 30.0  # seconds a PUT waits for room among the uploads arriving
 RETRY_SECONDS = 5  # Retry-After of a PUT refused for room
 REFUSAL_BYTES = 64 << 10  # the most of a node's refusal of a snapshot that is passed on
@@ -244,6 +254,9 @@ class CheckpointDataAPI:
         # The control plane takes one snapshot at a time, namespaces in turn (FairShare).
         self._pulls = FairShare(1)
         self._storing = asyncio.Lock()  # what goes for data is decided and done in one step
+        # What each stored data's standing depends on, kept from the store's watch (started
+        # by start(); until then a look lists, as it did).
+        self.facts = DataFacts(registry, registry.shared_decode)
         self.room = Room(space, self._read_objects)  # room promised to data before it is stored, in line
         self.held_events = HeldEvents(registry, events)
         self.peers: Peers | None = None  # the other API servers, when they share the store (APIServer.join_peers)
@@ -252,14 +265,18 @@ class CheckpointDataAPI:
         registry.delete_marked["checkpoints"] = lambda _res, ck: self._settled(
             ck["metadata"].get("namespace"), ck["metadata"]["name"])
 
+    async def start(self) -> None:
+        """Follow what the data's standings read (kube32.apiserver.datafacts)."""
+        await self.facts.start()
+
     async def close(self) -> None:
+        await self.facts.close()
         await self.held_events.close()
 
-    async def _read_objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Every Checkpoint and every pod: what the standing of each data depends on."""
-        checkpoints, _ = await self.registry.list(by_plural("checkpoints"), None)
-        pods, _ = await self.registry.list(by_plural("pods"), None)
-        return checkpoints, pods
+    async def _read_objects(self) -> tuple[Checkpoints, list[dict[str, Any]]]:
+        """Every Checkpoint and the pods that restore from one: what the standing of each
+        data depends on (kube32.apiserver.datafacts: from the watch, not a list of every pod)."""
+        return await self.facts.read()
 
     async def _on_delete(self, res: Resource, obj: dict[str, Any]) -> None:
         self.space.drop(obj["metadata"]["uid"])
@@ -591,7 +608,7 @@ class CheckpointDataAPI:
         params = {**{k: q[k] for k in ("leave", "timeoutMs") if k in q}, "sha256": "trailer"}
         # The slot is taken before the node freezes its pod (the next pull waits, its pod not
         # frozen), and held while the node answers in time (see `answer_seconds`).
-        async with self._pulls.turn(t.namespace):
+        async with self._pulls.turn(pull_lane(t.namespace, q.get("leave"))):
             ck = await self.registry.get(t.res, t.namespace, t.name)
             with self._one_upload(t, ck, by_user=False):
                 node_obj = await self.registry.get(by_plural("nodes"), None, node)

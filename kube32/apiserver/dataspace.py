@@ -56,7 +56,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from typing import Any, Awaitable, Callable, Iterable, Union
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Union
 
 from .. import objects, timing
 from ..aio import FairShare, Waiter
@@ -100,13 +100,21 @@ class Held:
     standing: Standing
 
 
-def standings(stored: Iterable[tuple[str, Stored]], checkpoints: Iterable[Obj],
+def by_uid(checkpoints: Checkpoints) -> Mapping[str, Obj]:
+    """The Checkpoints by uid (a mapping already is: the API server keeps one)."""
+    if isinstance(checkpoints, Mapping):
+        return checkpoints
+    return {str(objects.meta(ck).get("uid")): ck for ck in checkpoints}
+
+
+def standings(stored: Iterable[tuple[str, Stored]], checkpoints: Checkpoints,
               pods: Iterable[Obj]) -> dict[str, Standing]:
-    """The standing of each stored data (uid, oldest first), from the Checkpoints and the
-    pods.  Only the control plane writes Checkpoint status, so a user cannot make data
-    in flight; a rollback counts as its move's while the pod it went back to (its uid in
-    ``status.rollbackPodUID``) still waits to restore from it."""
-    by_uid = {objects.meta(ck).get("uid"): ck for ck in checkpoints}
+    """The standing of each stored data (uid, oldest first), from the Checkpoints (or
+    them by uid: then O(stored data + pods)) and the pods (those that name no
+    ``restore-from`` may be left out).  Only the control plane writes Checkpoint status,
+    so a user cannot make data in flight; a rollback counts as its move's while the pod
+    it went back to (its uid in ``status.rollbackPodUID``) still waits to restore from it."""
+    known = by_uid(checkpoints)
     restoring: dict[tuple[str, str], set[str]] = {}
     for pod in pods:
         md = objects.meta(pod)
@@ -116,7 +124,7 @@ def standings(stored: Iterable[tuple[str, Stored]], checkpoints: Iterable[Obj],
     out: dict[str, Standing] = {}
     latest: dict[tuple[str, str], str] = {}  # (namespace, pod) -> uid of its newest stored periodic data
     for uid, item in stored:
-        ck = by_uid.get(uid)
+        ck = known.get(uid)
         if ck is None:
             out[uid] = Standing.ORDINARY
             continue
@@ -300,7 +308,9 @@ class Reservation:
     until: float  # time.monotonic() after which it is let go unless its data is on its way
 
 
-Look = Callable[[], Awaitable[tuple[list[Obj], list[Obj]]]]  # -> (every Checkpoint, every pod)
+Checkpoints = Union[Mapping[str, Obj], Iterable[Obj]]   # every Checkpoint, or them by uid
+# -> (every Checkpoint or them by uid, read-only; the pods, or only those that name a restore-from)
+Look = Callable[[], Awaitable[tuple[Checkpoints, list[Obj]]]]
 
 
 @dataclass
@@ -451,11 +461,13 @@ class Room(FairShare):
 
     async def _look(self) -> None:
         checkpoints, pods = await self._read()
-        self.standing = standings(self.space.items(), checkpoints, pods)
-        live = {objects.meta(ck).get("uid") for ck in checkpoints if objects.phase(ck) not in CheckpointPhase.FINISHED}
+        known = by_uid(checkpoints)
+        self.standing = standings(self.space.items(), known, pods)
         now = time.monotonic()
         for uid, r in list(self.reserved.items()):
-            if uid not in self.in_use and (uid not in live or now > r.until):
+            ck = known.get(uid)
+            live = ck is not None and objects.phase(ck) not in CheckpointPhase.FINISHED
+            if uid not in self.in_use and (not live or now > r.until):
                 self.release(uid)
         self.admit()
 

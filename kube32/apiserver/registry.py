@@ -51,6 +51,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iter
 
 from .. import objects
 from ..matching import LabelSelector
+from ..store import PROGRESS as STORE_PROGRESS
 from ..store import (Compacted, Conflict, KeyExists, KeyNotFound, KeyValue, Store, StoreError, Unavailable,
                      WatchEvent)
 from ..terms import Annotation, NamespacePhase, PodPhase
@@ -69,6 +70,9 @@ log = logging.getLogger("kube32.apiserver.registry")
 Obj = dict[str, Any]
 T = TypeVar("T")
 MAX_RETRIES = 16
+# The field a kind's watches are indexed by (a field selector's one value; the store's
+# triggered watches): the kubelets' own, one watch a node.
+TRIGGER_FIELDS = {"pods": "spec.nodeName", "checkpoints": "status.targetNode"}
 WATCH_DECODED_KEPT = 256  # recent versions decoded once for all watchers
 BIG_OBJECT = 64 << 10  # bytes (stored, or of the body): every pass over a larger object runs on a worker thread
 
@@ -294,6 +298,7 @@ class Registry:
         self.admit: dict[str, Callable[[Resource, Obj, Obj | None], Awaitable[None]]] = {}
         self.turns = KeyLocks()   # one write of a key at a time here (keylocks.py says why)
         self._watch_objects: dict[tuple[str, int], Obj] = {}  # (key, revision) -> decoded, oldest first
+        self._triggers_set: set[str] = set()   # plurals whose trigger function the store has
 
     # --- reads --------------------------------------------------------------
     async def get(self, res: Resource, ns: str | None, name: str) -> Obj:
@@ -911,6 +916,10 @@ class Registry:
         return gone
 
     # --- watch --------------------------------------------------------------
+    def shared_decode(self, kv: KeyValue) -> Obj:
+        """:meth:`_shared_decode` for readers in the API server (kube32.apiserver.datafacts)."""
+        return self._shared_decode(kv)
+
     def _shared_decode(self, kv: KeyValue) -> Obj:
         """One decoded copy of a stored version for every watcher it reaches (each write
         fans out to the kubelets', the controllers' and users' watches) and every list that
@@ -984,7 +993,7 @@ class Registry:
             start = paging.parse_revision(resource_version or "0")
         # Subscribe before sending the initial ADDED events: the subscription starts at
         # the call, so nothing written while they go out is lost.
-        stream = self.store.watch(self._watch_prefix(res, ns, fields), start)
+        stream = self._store_watch(res, ns, fields, start)
         try:
             if listing is not None:
                 async for item in listing:
@@ -999,10 +1008,60 @@ class Registry:
         finally:
             await stream.aclose()
 
+    def _store_watch(self, res: Resource, ns: str | None, fields: FieldSelector | None, start: int) -> Any:
+        """The store's watch for a watch of ``res``: a triggered one (kube32.store.sqlite)
+        when its field selector asks for one value of the kind's trigger field (a kubelet's
+        ``spec.nodeName=<node>``, its ``status.targetNode=<node>``), so a write wakes the
+        watches of the nodes it concerns, not every node's; else every write of the prefix."""
+        prefix = self._watch_prefix(res, ns, fields)
+        field = TRIGGER_FIELDS.get(res.plural)
+        value = fields.value_of(field) if field is not None and fields is not None else None
+        triggered = getattr(self.store, "watch_triggered", None)
+        if value is None or triggered is None or field is None:
+            # With PROGRESS marks where the store has them: a quiet kind's watch learns the
+            # store's revision, for its bookmarks (kube32.store.sqlite).
+            progress = getattr(self.store, "watch_progress", None)
+            return progress(prefix, start) if progress is not None else self.store.watch(prefix, start)
+        if res.plural not in self._triggers_set:
+            self._triggers_set.add(res.plural)
+            self.store.set_trigger(res.prefix(None), self._trigger_values(res, field))  # type: ignore[attr-defined]
+        return triggered(prefix, start, value)
+
+    @staticmethod
+    def _trigger_values(res: Resource, field: str) -> Callable[[WatchEvent], builtins.list[str]]:
+        """The values of ``field`` an event's object had before and has after it, or more:
+        a watch selecting another value sees it as nothing (``_seen_as``: a progress mark).
+        Read from the stored bytes without decoding them (the store calls this for every
+        write and every replayed event): every ``"<last name of field>":"<value>"`` in the
+        object's compact JSON (:func:`encode`; a string holds no bare quote, so each is a
+        key and its value), and "" (the field unset) always: a superset, which is all a
+        trigger needs."""
+        mark = b'"' + field.rsplit(".", 1)[-1].encode() + b'":"'
+
+        def scan(value: bytes, out: set[str]) -> None:
+            at = value.find(mark)
+            while at >= 0:
+                start = at + len(mark)
+                end = value.find(b'"', start)
+                if end < 0:
+                    return
+                out.add(value[start:end].decode("utf-8", "replace"))
+                at = value.find(mark, end)
+
+        def values(ev: WatchEvent) -> builtins.list[str]:
+            out = {""}
+            scan(ev.kv.value, out)
+            if ev.prev is not None:
+                scan(ev.prev.value, out)
+            return list(out)
+        return values
+
     def _seen_as(self, res: Resource, ev: WatchEvent, labels: LabelSelector | None,
                  fields: FieldSelector | None) -> builtins.list[WatchItem]:
         """What one store event is to this watch (its selectors): one event, or a progress
         mark; two for an object replaced under its name (DELETED, then ADDED)."""
+        if ev.type == STORE_PROGRESS:
+            return [WatchItem(PROGRESS, None, ev.revision)]
         obj = self._shared_decode(ev.kv)
         prev = self._shared_decode(ev.prev) if ev.prev is not None else None
         was = prev is not None and self.matches(res, prev, labels, fields)

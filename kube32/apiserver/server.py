@@ -157,6 +157,7 @@ class APIServer:
         await self.ensure_defaults()
         await self.node_ports.repair()
         await self.crds.start()
+        await self.data.start()
         if not shared_store:
             await self.report_data_lost()
 

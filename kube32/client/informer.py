@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from typing import Any, Callable
 
 from .. import objects
@@ -30,6 +31,63 @@ from .rest import ApiError, Client
 log = logging.getLogger("kube32.informer")
 Obj = dict[str, Any]
 Handler = Callable[[str, Obj, Obj | None], None]  # (type, obj, old)
+WATCH_TIMEOUT_SECONDS = 300   # the shortest timeout of a watch (it is drawn up to twice this)
+
+
+IndexFunc = Callable[[Obj], "list[str] | tuple[str, ...]"]
+
+
+def _unfile(index: dict[str, dict[str, Obj]], values: "list[str] | tuple[str, ...]", key: str) -> None:
+    for v in values:
+        filed = index.get(v)
+        if filed is not None:
+            filed.pop(key, None)
+            if not filed:
+                del index[v]
+
+
+BY_NODE_NAME = "spec.nodeName"   # the usual name of a pods informer's index by by_node_name
+
+
+class _Cache(dict):
+    """An informer's cache: a dict that files each object it takes in the indexes (and
+    takes it out of them when it goes)."""
+
+    def __init__(self, indexes: dict[str, tuple[IndexFunc, dict[str, dict[str, Obj]]]]) -> None:
+        super().__init__()
+        self._indexes = indexes
+
+    def __setitem__(self, key: str, obj: Obj) -> None:
+        old = dict.get(self, key)
+        dict.__setitem__(self, key, obj)
+        for values, index in self._indexes.values():
+            if old is not None:
+                _unfile(index, values(old), key)
+            for v in values(obj):
+                index.setdefault(v, {})[key] = obj
+
+    def __delitem__(self, key: str) -> None:
+        old = dict.pop(self, key)
+        for values, index in self._indexes.values():
+            _unfile(index, values(old), key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key in self:
+            old = self[key]
+            del self[key]
+            return old
+        return dict.pop(self, key, *default)
+
+    def clear(self) -> None:
+        dict.clear(self)
+        for _, index in self._indexes.values():
+            index.clear()
+
+
+def by_node_name(obj: Obj) -> tuple[str, ...]:
+    """A pod's index value: its ``spec.nodeName`` (none while unbound)."""
+    node = (obj.get("spec") or {}).get("nodeName")
+    return (node,) if isinstance(node, str) and node else ()
 
 
 def key_of(obj: Obj) -> str:
@@ -45,7 +103,9 @@ class Informer:
         self.namespace = namespace
         self.label_selector = label_selector
         self.field_selector = field_selector
-        self.cache: dict[str, Obj] = {}
+        # name -> (the values an object is filed under, value -> key -> object), as client-go's Indexer
+        self._indexes: dict[str, tuple[IndexFunc, dict[str, dict[str, Obj]]]] = {}
+        self._cache = _Cache(self._indexes)
         self.handlers: list[Handler] = []
         self.synced = asyncio.Event()
         self._rv = ""
@@ -54,8 +114,41 @@ class Informer:
     def add_handler(self, handler: Handler) -> None:
         self.handlers.append(handler)
 
+    @property
+    def cache(self) -> dict[str, Obj]:
+        """The objects by key; every change to it (an assignment too) keeps the indexes."""
+        return self._cache
+
+    @cache.setter
+    def cache(self, objs: dict[str, Obj]) -> None:
+        self._cache = _Cache(self._indexes)
+        for key, obj in objs.items():
+            self._cache[key] = obj
+
     def get(self, key: str) -> Obj | None:
         return self.cache.get(key)
+
+    def add_index(self, name: str, values: IndexFunc) -> None:
+        """File every cached object under ``values(obj)`` (e.g. a pod under its
+        ``spec.nodeName``), kept with the cache at every change, so :meth:`by_index` is
+        O(the objects filed there), not O(the cache).  Added again: kept as it is."""
+        if name in self._indexes:
+            return
+        index: dict[str, dict[str, Obj]] = {}
+        self._indexes[name] = (values, index)
+        for key, obj in self.cache.items():
+            for v in values(obj):
+                index.setdefault(v, {})[key] = obj
+
+    def by_index(self, name: str, value: str) -> list[Obj]:
+        """The cached objects filed under ``value`` in the index ``name`` (:meth:`add_index`)."""
+        return list(self._indexes[name][1].get(value, {}).values())
+
+    def _put(self, key: str, obj: Obj) -> None:
+        self.cache[key] = obj
+
+    def _drop(self, key: str) -> None:
+        self.cache.pop(key, None)
 
     def list(self) -> list[Obj]:
         return list(self.cache.values())
@@ -85,11 +178,11 @@ class Informer:
         fresh = {key_of(o): o for o in items}
         for key, old in list(self.cache.items()):
             if key not in fresh:
-                del self.cache[key]
+                self._drop(key)
                 self._emit("DELETED", old, old)
         for key, obj in fresh.items():
             was = self.cache.get(key)
-            self.cache[key] = obj
+            self._put(key, obj)
             if was is None:
                 self._emit("ADDED", obj, None)
             elif was.get("metadata", {}).get("resourceVersion") != obj.get("metadata", {}).get("resourceVersion"):
@@ -106,10 +199,14 @@ class Informer:
                 if need_list:
                     await self._relist()
                     need_list = False
+                # As client-go's reflector: a watch's timeout is 5 to 10 minutes, drawn each
+                # time (a thousand nodes' watches opened at once must not all end, and all list
+                # again, at once), and bookmarks keep the revision it resumes from fresh (a
+                # quiet watch resumed from an old one would be too old, and list again).
                 async for etype, obj in self.client.watch(
                         self.kind, self.namespace, label_selector=self.label_selector,
                         field_selector=self.field_selector, resource_version=self._rv,
-                        timeout_seconds=300):
+                        timeout_seconds=int(WATCH_TIMEOUT_SECONDS * (1 + random.random())), bookmarks=True):
                     if etype == "DELETED" and not filtered and Annotation.REPLACED_BY in objects.annotations(obj):
                         continue   # its ADDED follows, at the next revision (see the module doc)
                     self._rv = obj.get("metadata", {}).get("resourceVersion", self._rv)
@@ -118,9 +215,9 @@ class Informer:
                     if etype == "ADDED" and old is not None:
                         etype = "MODIFIED"   # the replacement of a DELETED taken above
                     if etype == "DELETED":
-                        self.cache.pop(key, None)
+                        self._drop(key)
                     elif etype in ("ADDED", "MODIFIED"):
-                        self.cache[key] = obj
+                        self._put(key, obj)
                     else:
                         continue
                     self._emit(etype, obj, old)

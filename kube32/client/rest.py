@@ -361,8 +361,13 @@ class Client:
     async def watch(self, kind: Kind, namespace: str | None = None, *,
                     label_selector: str | None = None, field_selector: str | None = None,
                     resource_version: str | None = None,
-                    timeout_seconds: int | None = None) -> AsyncIterator[tuple[str, Obj]]:
+                    timeout_seconds: int | None = None,
+                    bookmarks: bool = False) -> AsyncIterator[tuple[str, Obj]]:
+        """(type, object) of each event; ``bookmarks``: BOOKMARK events too (an object with
+        only its resourceVersion), so a watch resumed after a quiet spell is not too old."""
         params = {"watch": "true"}
+        if bookmarks:
+            params["allowWatchBookmarks"] = "true"
         if label_selector:
             params["labelSelector"] = label_selector
         if field_selector:

@@ -27,11 +27,12 @@ from typing import Any
 
 from .. import movability, objects
 from ..client import CHECKPOINTS, NODES, PODS
+from ..client.informer import BY_NODE_NAME, by_node_name
 from ..terms import (API_VERSION, FASTEST, Annotation, CheckpointAction, CheckpointPhase, Condition, Label, PodPhase,
                      Policy, Trigger)
 from .base import Controller
 from .checkpoint import fastest_fit, interp_mops
-from .scheduler import node_ready, pod_requests
+from .scheduler import node_ready, pod_requests, usage_reader
 
 log = logging.getLogger("kube32.autopolicy")
 Obj = dict[str, Any]
@@ -76,6 +77,7 @@ class AutoPolicy(Controller):
         self.nodes = ctx.informers.get(NODES)
         self.pods = ctx.informers.get(PODS)
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
+        self.pods.add_index(BY_NODE_NAME, by_node_name)   # a pressure pass reads its node's pods only
         self.node_cooldown = ctx.options.pressure_move_cooldown_seconds
         self.pod_cooldown = ctx.options.auto_move_cooldown_seconds
         self._node_moved: dict[str, float] = {}   # node -> monotonic time of its last pressure move
@@ -121,7 +123,7 @@ class AutoPolicy(Controller):
                 and objects.status(c).get("phase", CheckpointPhase.PENDING) in UNDER_WAY}
         now = time.monotonic()
         out = []
-        for pod in self.pods.list():
+        for pod in self.pods.list() if node is None else self.pods.by_index(BY_NODE_NAME, node):
             md, spec, st = pod["metadata"], objects.spec(pod), objects.status(pod)
             if movability.policy(pod) != Policy.AUTO or md.get("deletionTimestamp") \
                     or st.get("phase") != PodPhase.RUNNING:
@@ -186,7 +188,8 @@ class AutoPolicy(Controller):
             if current is None:
                 continue
             quicker = [n for n in nodes if faster(n, current)]
-            best = fastest_fit(pod, quicker, self.pods.list(), None, {pod["spec"]["nodeName"]})
+            best = fastest_fit(pod, quicker, usage_reader(self.ctx.shared, self.pods.list, objects.uid(pod)), None,
+                               {pod["spec"]["nodeName"]})
             if best is not None:
                 fast, here = interp_mops(by_name[best]), interp_mops(current)
                 await self._move(pod, Trigger.PLACEMENT, best,

@@ -76,8 +76,9 @@ from ..terms import (FASTEST, Annotation, Cause, CheckpointAction, CheckpointPha
 from ..urlpath import api_path, group_path
 from . import imagecheck
 from .base import Controller, key_of, split_key
+from .periodic import RESTORING_FROM, restoring_from
 from .podutil import all_running, failure
-from .scheduler import node_misfits, node_ready, pick_node, room_on, usage_by_node
+from .scheduler import UsageOf, node_misfits, node_ready, pick_node_by, room_misfits, usage_reader
 
 log = logging.getLogger("kube32.checkpoint")
 ENDED = metrics.REGISTRY.counter(
@@ -96,6 +97,13 @@ WAITING_FOR_TURN = "waiting for its turn: the control plane takes one snapshot a
 INTERRUPTED = "the snapshot was interrupted (the control plane restarted)"
 
 
+CHECKPOINTS_OF = "pod"   # the Checkpoints informer's index: each under "<namespace>/<podName>"
+
+
+def checkpoint_pod(ck: Obj) -> tuple[str, ...]:
+    return (f"{ck['metadata'].get('namespace', '')}/{objects.spec(ck).get('podName', '')}",)
+
+
 def interp_mops(node: Obj) -> float:
     try:
         return float(objects.annotations(node).get(Annotation.INTERP_MOPS, 0))
@@ -103,12 +111,12 @@ def interp_mops(node: Obj) -> float:
         return 0.0
 
 
-def fastest_fit(pod: Obj, nodes: list[Obj], pods: list[Obj], extra_selector: dict | None,
+def fastest_fit(pod: Obj, nodes: list[Obj], usage_of: UsageOf, extra_selector: dict | None,
                 exclude: set[str]) -> str | None:
-    """The fastest node (``kube32.io/interp-mops``) that takes the pod, never one excluded."""
-    usage = usage_by_node(pods, skip_uid=pod["metadata"].get("uid", ""))
+    """The fastest node (``kube32.io/interp-mops``) that takes the pod, never one excluded
+    (``usage_of``: each node's usage, the pod aside: scheduler.usage_reader)."""
     fits = [n for n in nodes if n["metadata"]["name"] not in exclude
-            and not node_misfits(pod, n, usage.get(n["metadata"]["name"]), extra_selector)]
+            and not node_misfits(pod, n, usage_of(n["metadata"]["name"]), extra_selector)]
     if not fits:
         return None
     return max(fits, key=lambda n: (interp_mops(n), n["metadata"]["name"]))["metadata"]["name"]
@@ -263,6 +271,10 @@ class CheckpointController(Controller):
         # of them (its own watch events wake it) sees it without a GET.
         self.latest = MutationCache(self.checkpoints)
         self.pods = ctx.informers.get(PODS)
+        # A pod's Checkpoints and the pods naming one, by index: a sync reads its own, not
+        # every Checkpoint and pod of the cluster (issue 25).
+        self.checkpoints.add_index(CHECKPOINTS_OF, checkpoint_pod)
+        self.pods.add_index(RESTORING_FROM, restoring_from)
         self.nodes = ctx.informers.get(NODES)
 
     def setup(self) -> None:
@@ -361,7 +373,7 @@ class CheckpointController(Controller):
         """Another Move Checkpoint of ``ck``'s pod that is Saving or Moving (its replacement
         not yet decided), or None.  This controller's own writes count at once."""
         spec, md = objects.spec(ck), ck["metadata"]
-        for other in self.checkpoints.list():
+        for other in self.checkpoints.by_index(CHECKPOINTS_OF, f"{md['namespace']}/{spec.get('podName', '')}"):
             other = self.latest.get(key_of(other)) or other
             o_spec = objects.spec(other)
             if other["metadata"]["uid"] != md["uid"] and other["metadata"].get("namespace") == md["namespace"] \
@@ -649,6 +661,10 @@ class CheckpointController(Controller):
             log.info("cannot ask %s for the blockers of %s/%s: %s", node, md["namespace"], md["name"], e)
             return []
 
+    def _usage_of(self, pod: Obj) -> UsageOf:
+        """Each node's usage, ``pod`` aside (the scheduler's index: O(1) a node)."""
+        return usage_reader(self.ctx.shared, self.pods.list, pod["metadata"].get("uid", ""))
+
     async def _target(self, ck: Obj, pod: Obj) -> str:
         target = objects.spec(ck).get("target") or {}
         source = pod["spec"]["nodeName"]
@@ -660,17 +676,17 @@ class CheckpointController(Controller):
             node = next((n for n in nodes if n["metadata"]["name"] == name), None)
             if node is None:
                 raise MoveError(f'node "{name}" not found')
-            usage = usage_by_node(self.pods.list(), skip_uid=pod["metadata"]["uid"]).get(name)
+            usage = self._usage_of(pod)(name)
             why = node_misfits(pod, node, usage, target.get("nodeSelector"))
             if why:
                 raise MoveError(f"0/1 nodes are available: 1 {why[0]}." if len(why) == 1 else
                                 "0/1 nodes are available: " + ", ".join(f"1 {w}" for w in why) + ".")
             return name
         if objects.annotations(pod).get(Annotation.PLACEMENT) == FASTEST:
-            fastest = fastest_fit(pod, nodes, self.pods.list(), target.get("nodeSelector"), {source})
+            fastest = fastest_fit(pod, nodes, self._usage_of(pod), target.get("nodeSelector"), {source})
             if fastest is not None:
                 return fastest
-        picked, reason = pick_node(pod, nodes, self.pods.list(), target.get("nodeSelector"), {source})
+        picked, reason = pick_node_by(pod, nodes, self._usage_of(pod), target.get("nodeSelector"), {source})
         if picked is None:
             raise MoveError(reason)
         return picked
@@ -974,12 +990,13 @@ class CheckpointController(Controller):
         node = self.nodes.get(source) if source else None
         if node is None or not node_ready(node):
             return None, f"{source} is not Ready"
-        short = room_on(pod, node, self.pods.list())
+        usage_of = self._usage_of(pod)
+        short = room_misfits(pod, node, usage_of(objects.name(node)))
         if short:
             return None, f"{source} has no room for it: {', '.join(short)}"
         if objects.spec(node).get("unschedulable") and objects.labels(ck).get(Label.TRIGGER) == Trigger.EVICTION:
-            other, _ = pick_node(pod, self.nodes.list(), self.pods.list(), None,
-                                 {n for n in (source, target) if n})
+            other, _ = pick_node_by(pod, self.nodes.list(), usage_of, None,
+                                    {n for n in (source, target) if n})
             if other is not None:
                 return other, f"{source} is cordoned"
             if Annotation.EVICTION_ANSWERED in objects.annotations(ck):
@@ -1024,7 +1041,7 @@ class CheckpointController(Controller):
         """A pod's ``kube32.io/restore-from`` names ``ck`` (the informer's pods)."""
         name, ns = ck["metadata"]["name"], ck["metadata"].get("namespace")
         return any(movability.restore_from(p) == name and p["metadata"].get("namespace") == ns
-                   for p in self.pods.list())
+                   for p in self.pods.by_index(RESTORING_FROM, f"{ns}/{name}"))
 
     async def _release(self, ck: Obj) -> None:
         """A Checkpoint being deleted goes (its finalizer removed, and its data with it) once

@@ -37,11 +37,12 @@ from typing import Any
 
 from .. import movability, objects
 from ..client import CHECKPOINTS, LEASES, NODES, PODS, ApiError
+from ..client.informer import BY_NODE_NAME, by_node_name
 from ..matching import tolerates
 from ..terms import Condition, Effect, Policy, Taint
 from .base import Controller
 from .checkpoint import replaced_by_move, replacement_of
-from .periodic import latest_periodic
+from .periodic import PERIODIC_OF, latest_periodic, periodic_of
 
 log = logging.getLogger("kube32.nodelifecycle")
 Obj = dict[str, Any]
@@ -117,6 +118,7 @@ def eviction_deadline(pod: Obj, taints: list[Obj], default_seconds: float, now: 
 
 
 POD_EVENT_BATCH_SECONDS = 0.2
+BY_NODE = BY_NODE_NAME   # the pods informer's index of pods by node
 
 
 class NodeLifecycle(Controller):
@@ -129,6 +131,10 @@ class NodeLifecycle(Controller):
         self.leases = ctx.informers.get(LEASES)
         self.pods = ctx.informers.get(PODS)
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
+        # A node's pods and a pod's periodic checkpoints by index: a lost node's sync reads
+        # its own pods, not every pod of the cluster (issue 25).
+        self.pods.add_index(BY_NODE, by_node_name)
+        self.checkpoints.add_index(PERIODIC_OF, periodic_of)
         self._heard: dict[str, tuple[tuple, float]] = {}  # node -> (heartbeat marks, monotonic when they changed)
         self._evicting: set[str] = set()                  # pod uids already handed to evict_from_lost_node
         self._last_ready: dict[str, str | None] = {}      # node -> Ready status last seen (for events)
@@ -237,7 +243,7 @@ class NodeLifecycle(Controller):
         return out
 
     async def _mark_pods_not_ready(self, node_name: str) -> None:
-        for pod in self.pods.list():
+        for pod in self.pods.by_index(BY_NODE, node_name):
             if objects.node_name(pod) != node_name or objects.condition_status(pod, Condition.READY) == "False":
                 continue
             md = pod["metadata"]
@@ -272,7 +278,7 @@ class NodeLifecycle(Controller):
             return
         now = time.time()
         soonest = None
-        for pod in self.pods.list():
+        for pod in self.pods.by_index(BY_NODE, name):
             md = objects.meta(pod)
             if objects.spec(pod).get("nodeName") != name or md.get("uid") in self._evicting:
                 continue
@@ -306,7 +312,8 @@ class NodeLifecycle(Controller):
         md = pod["metadata"]
         if movability.policy(pod) == Policy.NEVER:
             return False
-        latest = latest_periodic(self.checkpoints.list(), md.get("namespace", ""), md["name"])
+        ns = md.get("namespace", "")
+        latest = latest_periodic(self.checkpoints.by_index(PERIODIC_OF, f"{ns}/{md['name']}"), ns, md["name"])
         if latest is None:
             return False
         replacement = replacement_of(pod, None, latest["metadata"]["name"])

@@ -42,6 +42,21 @@ def _created(ck: Obj) -> float:
     return t.timestamp() if t else 0.0
 
 
+PERIODIC_OF = "periodic-of"       # Checkpoints informer index: a periodic one under "<namespace>/<podName>"
+RESTORING_FROM = "restoring-from"  # pods informer index: a pod under "<namespace>/<its restore-from>"
+
+
+def periodic_of(ck: Obj) -> tuple[str, ...]:
+    if objects.labels(ck).get(Label.TRIGGER) != Trigger.PERIODIC:
+        return ()
+    return (f"{ck['metadata'].get('namespace', '')}/{objects.spec(ck).get('podName', '')}",)
+
+
+def restoring_from(pod: Obj) -> tuple[str, ...]:
+    name = objects.annotations(pod).get(Annotation.RESTORE_FROM)
+    return (f"{pod['metadata'].get('namespace', '')}/{name}",) if name else ()
+
+
 def latest_periodic(checkpoints: list[Obj], ns: str, pod: str) -> Obj | None:
     """The newest Saved periodic checkpoint of a pod that still has its data."""
     saved = [c for c in _periodic_of(checkpoints, ns, pod)
@@ -56,6 +71,10 @@ class PeriodicCheckpoints(Controller):
         super().__init__(ctx)
         self.pods = ctx.informers.get(PODS)
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
+        # A pod's periodic checkpoints and the pods naming a checkpoint, by index: a sync
+        # reads its pod's own, not every Checkpoint and pod of the cluster (issue 25).
+        self.checkpoints.add_index(PERIODIC_OF, periodic_of)
+        self.pods.add_index(RESTORING_FROM, restoring_from)
 
     def setup(self) -> None:
         self.pods.add_handler(self._on_pod)
@@ -86,7 +105,7 @@ class PeriodicCheckpoints(Controller):
         ns, name = split_key(key)
         ns = ns or "default"
         pod = self.pods.get(f"{ns}/{name}")
-        mine = _periodic_of(self.checkpoints.list(), ns, name)
+        mine = self.checkpoints.by_index(PERIODIC_OF, f"{ns}/{name}")
         if mine:
             await self._retain(pod, ns, name, mine)
         if pod is None:
@@ -141,10 +160,8 @@ class PeriodicCheckpoints(Controller):
         doomed = [ck for ck in mine if ck["metadata"]["name"] not in keep]
         if not doomed:
             return
-        named = {objects.annotations(p).get(Annotation.RESTORE_FROM)
-                 for p in self.pods.list() if p["metadata"].get("namespace") == ns}
         for ck in doomed:
-            if ck["metadata"]["name"] in named:
+            if self.pods.by_index(RESTORING_FROM, f"{ns}/{ck['metadata']['name']}"):
                 continue
             try:
                 await self.client.delete(CHECKPOINTS, ck["metadata"]["name"], ns, uid=ck["metadata"]["uid"])

@@ -35,7 +35,7 @@ from ..terms import Annotation, CheckpointPhase
 from .base import Controller, key_of
 from .checkpoint import replacement_of
 from .podutil import all_running, failure, rejected_at_admission
-from .scheduler import node_ready, room_on
+from .scheduler import node_ready, room_misfits, usage_reader
 
 log = logging.getLogger("kube32.restore")
 Obj = dict[str, Any]
@@ -106,7 +106,8 @@ class RestoreController(Controller):
         name = objects.spec(pod).get("nodeName")
         node = self.nodes.get(name) if name else None
         if node is None or not node_ready(node) or objects.spec(node).get("unschedulable") \
-                or room_on(pod, node, self.pods.list()):
+                or room_misfits(pod, node, usage_reader(self.ctx.shared, self.pods.list, objects.uid(pod))(
+                    objects.name(node))):
             return None
         return name
 

@@ -5,9 +5,17 @@ Design: the choice is a pure function, :func:`pick_node`, over plain dicts
 ask "where would the scheduler put this pod, with this extra nodeSelector, never
 on that node" without a scheduler running.  :class:`Scheduler` is the control
 loop around it: one work-queue key (:data:`PASS`) stands for "look at every
-pending pod"; any pod or node event adds it (level-triggered), and a pass
+pending pod"; an event of a pending pod, a pod leaving a node while some are
+pending, and a node event that changes what a choice reads of it while some are
+pending add it (level-triggered; the resync every 30 s too), and a pass
 schedules the pending pods in order of creation, one at a time, so each
 binding is counted when the next pod is placed.
+
+Cost (issue 25: a fleet of a thousand nodes reports status 100 times a second):
+the scheduler keeps the pending pods and each node's pods and usage
+(:class:`PodsByNode`) from the informers' events, so a pass is O(pending x nodes)
+and a node's status report with nothing pending costs nothing; neither sums every
+pod of the cluster.
 
 Filters, in order (a node fails on the first that does not pass, and the
 reason is counted for the FailedScheduling message, as Kubernetes' FitError):
@@ -41,10 +49,11 @@ import logging
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .. import objects
 from ..client import NODES, PODS, ApiError
+from ..client.informer import key_of
 from ..matching import node_affinity_matches, tolerated
 from ..podfit import node_allocatable, pod_is_active, pod_requests, shortfalls
 from ..terms import Condition, Effect
@@ -166,25 +175,117 @@ def pick_node(pod: Obj, nodes: list[Obj], pods: list[Obj],
     ``pods`` are the pods in the cluster (those with ``spec.nodeName`` count on their
     node; the pod itself, by uid, does not).  ``extra_node_selector`` is added to the
     pod's own nodeSelector; nodes named in ``exclude`` are never chosen.  Pure."""
-    usage = usage_by_node(pods, skip_uid=objects.uid(pod))
+    return pick_node_by(pod, nodes, usage_by_node(pods, skip_uid=objects.uid(pod)).get, extra_node_selector, exclude)
+
+
+def pick_node_by(pod: Obj, nodes: list[Obj], usage_of: Callable[[str], NodeUsage | None],
+                 extra_node_selector: dict[str, str] | None = None,
+                 exclude: set[str] | frozenset[str] = frozenset()) -> tuple[str | None, str]:
+    """:func:`pick_node` with each node's usage from ``usage_of`` (the pod itself not
+    counted): O(nodes), whatever the number of pods (:class:`PodsByNode`)."""
     reasons: dict[str, int] = {}
     fits: list[tuple[int, Fraction, str]] = []
     for node in nodes:
         name = objects.name(node)
+        usage = None
         if name in exclude:
             why = ["node(s) were excluded"]
         else:
-            why = node_misfits(pod, node, usage.get(name), extra_node_selector)
+            usage = usage_of(name)
+            why = node_misfits(pod, node, usage, extra_node_selector)
         if why:
             for r in why:
                 reasons[r] = reasons.get(r, 0) + 1
             continue
-        fits.append((_siblings(pod, usage.get(name)), _memory_fraction(node, usage.get(name)), name))
+        fits.append((_siblings(pod, usage), _memory_fraction(node, usage), name))
     if not fits:
         return None, fit_error(len(nodes), reasons)
     best = min(fits)[2]
     ns = objects.namespace(pod) or "default"
     return best, f"Successfully assigned {ns}/{objects.name(pod)} to {best}"
+
+
+class PodsByNode:
+    """The active pods bound to each node and what they request, kept from pod events
+    (:meth:`put`, :meth:`remove`; keys are the informer's, ``namespace/name``): a choice
+    reads each node's usage from here, O(1) a node, instead of summing every pod of the
+    cluster (issue 25).  A node's usage is summed again only after one of its pods
+    changed (:attr:`summed` counts it)."""
+
+    def __init__(self) -> None:
+        self._node_of: dict[str, str] = {}
+        self._pods: dict[str, dict[str, Obj]] = {}
+        self._usage: dict[str, NodeUsage | None] = {}
+        self.summed = 0
+
+    def put(self, key: str, pod: Obj) -> None:
+        """``pod`` as it is now (its ``spec.nodeName`` says where it counts, if active)."""
+        node = objects.spec(pod).get("nodeName")
+        was = self._node_of.get(key)
+        if was is not None and was != node:
+            self.remove(key)
+        if node and pod_is_active(pod):
+            self._node_of[key] = node
+            self._pods.setdefault(node, {})[key] = pod
+            self._usage.pop(node, None)
+        elif was is not None:
+            self.remove(key)
+
+    def remove(self, key: str) -> None:
+        node = self._node_of.pop(key, None)
+        if node is None:
+            return
+        members = self._pods.get(node, {})
+        members.pop(key, None)
+        if not members:
+            self._pods.pop(node, None)
+        self._usage.pop(node, None)
+
+    def reset(self, pods: Iterable[tuple[str, Obj]]) -> None:
+        self._node_of.clear()
+        self._pods.clear()
+        self._usage.clear()
+        for key, pod in pods:
+            self.put(key, pod)
+
+    def pods_on(self, node: str) -> list[Obj]:
+        return list(self._pods.get(node, {}).values())
+
+    def usage(self, node: str, skip_uid: str = "") -> NodeUsage | None:
+        """What the pods on ``node`` request (None: no pod), ``skip_uid``'s aside."""
+        members = self._pods.get(node)
+        if not members:
+            return None
+        if skip_uid and any(objects.uid(p) == skip_uid for p in members.values()):
+            return usage_by_node((p for p in members.values() if objects.uid(p) != skip_uid)).get(node)
+        if node not in self._usage:
+            self.summed += 1
+            self._usage[node] = usage_by_node(members.values()).get(node)
+        return self._usage[node]
+
+
+UsageOf = Callable[[str], NodeUsage | None]
+
+
+def usage_reader(shared: dict[str, Any], pods: Callable[[], list[Obj]], skip_uid: str = "") -> UsageOf:
+    """Each node's usage (``skip_uid``'s pod aside): from the scheduler's
+    :class:`PodsByNode` when it runs in this controller manager (``shared``, the
+    context's), O(1) a node; else summed over ``pods()`` once, O(pods)."""
+    index = shared.get("pods_by_node")
+    if isinstance(index, PodsByNode):
+        return lambda n: index.usage(n, skip_uid)
+    return usage_by_node(pods(), skip_uid=skip_uid).get
+
+
+def scheduling_facts(node: Obj | None) -> tuple[Any, ...]:
+    """What a choice reads of a node (:func:`node_misfits`, the score): a node event that
+    changes none of it (a status report's heartbeat, its free heap) can make no pending
+    pod fit, so it asks for no pass."""
+    if node is None:
+        return ()
+    spec, status = objects.spec(node), objects.status(node)
+    return (bool(spec.get("unschedulable")), repr(spec.get("taints")), node_ready(node),
+            repr(sorted(objects.labels(node).items())), repr(status.get("allocatable")))
 
 
 # --- the control loop -------------------------------------------------------------
@@ -215,62 +316,99 @@ class Scheduler(Controller):
         self.nodes = ctx.informers.get(NODES)
         self._assumed: dict[str, str] = {}                    # pod uid -> node, until the cache shows it
         self._reported: dict[str, tuple[str, float]] = {}     # pod uid -> (message, when)
+        self.by_node = PodsByNode()                            # the pods bound to each node, assumed ones too
+        self._pending: dict[str, Obj] = {}                    # key -> a pod that wants scheduling
+        self.passes = 0
+        self._loaded = False   # no events followed (no setup()): the first pass reads the cache
         ctx.shared["pick_node"] = self.pick
+        ctx.shared["pods_by_node"] = self.by_node
 
     def setup(self) -> None:
+        # Before the informers start: their events build the pending pods and the usage.
         self.pods.add_handler(self._on_pod)
-        self.nodes.add_handler(lambda *_: self.queue.add(PASS))
+        self.nodes.add_handler(self._on_node)
+        self._loaded = True
+
+    def _placed(self, pod: Obj) -> Obj:
+        """The pod with the scheduler's own binding applied, until the informer shows it."""
+        uid = objects.uid(pod)
+        node = self._assumed.get(uid)
+        if node is None:
+            return pod
+        if objects.spec(pod).get("nodeName"):
+            self._assumed.pop(uid, None)
+            return pod
+        return {**pod, "spec": {**objects.spec(pod), "nodeName": node}}
 
     def _on_pod(self, etype: str, pod: Obj, old: Obj | None) -> None:
-        # Pending pods need a pass; a pod leaving a node (deleted, finished) frees room.
-        if etype == "DELETED" or wants_scheduling(pod) or \
-                (old is not None and pod_is_active(old) != pod_is_active(pod)):
+        key = key_of(pod)
+        if etype == "DELETED":
+            self.by_node.remove(key)
+            self._pending.pop(key, None)
+            self._assumed.pop(objects.uid(pod), None)
+            self._reported.pop(objects.uid(pod), None)
+            self.queue.add(PASS)   # room freed (a pass with nothing pending costs nothing)
+            return
+        placed = self._placed(pod)
+        self.by_node.put(key, placed)
+        if wants_scheduling(placed):
+            self._pending[key] = placed
+            self.queue.add(PASS)
+        else:
+            self._pending.pop(key, None)
+            if old is not None and pod_is_active(old) != pod_is_active(pod):
+                self.queue.add(PASS)   # a pod leaving a node (finished) frees room
+
+    def _on_node(self, etype: str, node: Obj, old: Obj | None) -> None:
+        # Only a node that changed in what a choice reads (or is new, or gone) asks for a
+        # pass: a thousand nodes' status reports are not a thousand passes.
+        if etype != "MODIFIED" or old is None or scheduling_facts(node) != scheduling_facts(old):
             self.queue.add(PASS)
 
     async def resync(self) -> None:
+        self._load()
         self.queue.add(PASS)
 
-    def placed_pods(self) -> list[Obj]:
-        """The cached pods with the scheduler's own bindings applied."""
-        out = []
-        live = set()
-        for p in self.pods.list():
-            uid = objects.uid(p)
-            live.add(uid)
-            node = self._assumed.get(uid)
-            if node and not objects.spec(p).get("nodeName"):
-                p = {**p, "spec": {**objects.spec(p), "nodeName": node}}
-            elif node:
-                self._assumed.pop(uid, None)
-            out.append(p)
+    def _load(self) -> None:
+        """The pending pods and each node's pods again, from the informer's cache."""
+        self._loaded = True
+        placed = [(key_of(p), self._placed(p)) for p in self.pods.list()]
+        self.by_node.reset(placed)
+        self._pending = {k: p for k, p in placed if wants_scheduling(p)}
+        live = {objects.uid(p) for _, p in placed}
         for uid in [u for u in self._assumed if u not in live]:
             self._assumed.pop(uid, None)
-        return out
+        for uid in [u for u in self._reported if u not in live]:
+            self._reported.pop(uid, None)
 
     def pick(self, pod: Obj, extra_node_selector: dict[str, str] | None = None,
              exclude: set[str] | frozenset[str] = frozenset()) -> tuple[str | None, str]:
         """:func:`pick_node` over the scheduler's current view (for other controllers)."""
-        return pick_node(pod, self.nodes.list(), self.placed_pods(), extra_node_selector, exclude)
+        uid = objects.uid(pod)
+        return pick_node_by(pod, self.nodes.list(), lambda n: self.by_node.usage(n, uid), extra_node_selector, exclude)
 
     async def sync(self, key: Any) -> None:
-        pods = self.placed_pods()
-        pending = sorted((p for p in pods if wants_scheduling(p) and objects.uid(p) not in self._assumed),
+        """One pass over the pending pods (not every pod), oldest first."""
+        self.passes += 1
+        if not self._loaded:
+            self._load()
+        if not self._pending:
+            return
+        pending = sorted((p for p in self._pending.values() if objects.uid(p) not in self._assumed),
                          key=_creation_order)
         failed = None
+        nodes = self.nodes.list()
         for pod in pending:
             try:
-                await self.schedule_one(pod, pods)
+                await self.schedule_one(pod, nodes)
             except ApiError as e:
                 failed = e
-        live = {objects.uid(p) for p in pods}
-        for uid in [u for u in self._reported if u not in live]:
-            self._reported.pop(uid, None)
         if failed is not None:
             raise failed  # retried with back-off; the bound ones are already assumed
 
-    async def schedule_one(self, pod: Obj, pods: list[Obj]) -> None:
+    async def schedule_one(self, pod: Obj, nodes: list[Obj]) -> None:
         md = pod["metadata"]
-        node, message = pick_node(pod, self.nodes.list(), pods)
+        node, message = pick_node_by(pod, nodes, self.by_node.usage)
         if node is None:
             await self._unschedulable(pod, message)
             return
@@ -287,7 +425,9 @@ class Scheduler(Controller):
             raise
         self._assumed[md["uid"]] = node
         log.info("bound %s/%s to %s", md.get("namespace"), md["name"], node)  # as kube-scheduler's V(2)
-        pods.append({**pod, "spec": {**pod["spec"], "nodeName": node}})
+        key = key_of(pod)
+        self._pending.pop(key, None)
+        self.by_node.put(key, {**pod, "spec": {**pod["spec"], "nodeName": node}})
         self._reported.pop(md["uid"], None)
         await self.recorder.record(pod, "Normal", "Scheduled", message)   # PodScheduled: set by the binding
 

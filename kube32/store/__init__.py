@@ -110,6 +110,7 @@ opening it gets StoreError("... is in use ..."). See sqlite.py.
 """
 
 from .base import (
+    PROGRESS,
     DELETE,
     PUT,
     Compacted,
@@ -130,6 +131,7 @@ from .sqlite import SQLiteStore
 
 __all__ = [
     "DELETE",
+    "PROGRESS",
     "PUT",
     "Compacted",
     "Conflict",

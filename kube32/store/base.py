@@ -12,6 +12,7 @@ from typing import AsyncGenerator, Callable, Protocol, runtime_checkable
 
 PUT = "PUT"
 DELETE = "DELETE"
+PROGRESS = "PROGRESS"   # a triggered watch's mark: nothing for it up to `revision` (SQLiteStore)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +29,7 @@ class KeyValue:
 class WatchEvent:
     """One change. For DELETE, `kv` is the last value with the delete's revision."""
 
-    type: str  # PUT or DELETE
+    type: str  # PUT or DELETE (PROGRESS: a triggered watch's mark; `kv` is the write's)
     kv: KeyValue
     prev: KeyValue | None  # the value before this event; None on create
     revision: int
@@ -215,7 +216,8 @@ class Store(Protocol):
 
     async def list(self, prefix: str) -> tuple[list[KeyValue], int]: ...
 
-    async def page(self, prefix: str, *, after: str = "", limit: int = 0, revision: int = 0) -> Page:
+    async def page(self, prefix: str, *, after: str = "", limit: int = 0, revision: int = 0,
+                   count: bool = True) -> Page:
         """The keys under `prefix` greater than `after`, as they were at `revision`.
 
         Invariants (what paged lists of the API build on):
@@ -226,7 +228,9 @@ class Store(Protocol):
           Compacted, R above the newest revision the backend has raises FutureRevision.
         - Items are sorted by key, each > `after` (`after` need not be a key that exists),
           at most `limit` of them (0: no limit); `remaining` counts the keys under the
-          prefix after the last item at that revision, so 0 means the list is complete.
+          prefix after the last item at that revision, so 0 means the list is complete
+          (``count`` False: it may be any number above 0 while keys follow: a list read in
+          chunks needs no count of what follows each, which costs the rest of the range).
         - Paging (`after` = the last key of the page before, the same revision) yields
           every key of the state at that revision exactly once, in order, whatever is
           written in between: the pages are one consistent list.

@@ -384,7 +384,8 @@ class EtcdStore(StoreFigures):
                 return items, revision
             start = resp.kvs[-1].key + b"\x00"
 
-    async def page(self, prefix: str, *, after: str = "", limit: int = 0, revision: int = 0) -> Page:
+    async def page(self, prefix: str, *, after: str = "", limit: int = 0, revision: int = 0,
+                   count: bool = True) -> Page:
         """See Store.page: Range from just after `after`, at `revision` (etcd's own MVCC
         read), in pieces of at most `page_size` keys all read at the first one's revision."""
         prefix = check_prefix(prefix)

@@ -20,9 +20,9 @@ log = logging.getLogger("kube32.store")
 async def open_store(spec: StoreSpec, data_dir: Path, **etcd_options: Any) -> Store:
     """The store `spec` names: SQLite under `data_dir`, or a connection to etcd."""
     if not spec.is_etcd:
-        from .sqlite import SQLiteStore
+        from .sqlite import HISTORY_SECONDS, SQLiteStore
 
-        return await SQLiteStore.open(data_dir / SQLITE_FILE)
+        return await SQLiteStore.open(data_dir / SQLITE_FILE, history_seconds=HISTORY_SECONDS)
     try:
         from .etcd import EtcdStore
     except ImportError as err:

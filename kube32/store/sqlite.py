@@ -17,6 +17,16 @@ Invariants:
     row in that range, and the delete rows in it.
   - Writes run synchronously in the event loop (one writer); fan-out to watchers happens
     after the commit, in revision order, before the write call returns.
+  - Triggered watches (`watch_triggered`, as Kubernetes' watch cache indexes its watchers
+    by ``spec.nodeName``): a watch given a trigger value is pushed only the live events
+    whose trigger values (`set_trigger`'s function of the event, for its prefix) hold it,
+    so a write reaches the few watchers it may concern, not a thousand nodes' each; and,
+    at most every `PROGRESS_SECONDS` of writes, a ``PROGRESS`` event at the write's
+    revision (nothing for it up to there: as etcd's progress notifications), so its
+    bookmarks keep up.  Replays from the log are filtered by the same function.
+    `watch_progress`: an untriggered watch that takes those PROGRESS marks too (a quiet
+    prefix's watch, resumed after its timeout, would otherwise resume from a compacted
+    revision and list again: at 1,000 nodes the controllers' pods informer did).
 """
 
 from __future__ import annotations
@@ -26,12 +36,14 @@ import builtins
 import sqlite3
 from collections import deque
 from contextlib import contextmanager
+import time
 from pathlib import Path
-from typing import AsyncGenerator, Iterator
+from typing import Any, AsyncGenerator, Callable, Iterable, Iterator
 
 from .base import (
     StoreFigures,
     DELETE,
+    PROGRESS,
     PUT,
     Compacted,
     Conflict,
@@ -51,6 +63,9 @@ from .base import (
 
 SCHEMA_VERSION = 1
 
+HISTORY_SECONDS = 300.0   # the API server's store keeps at least this long of history too (opening.py)
+PROGRESS_SECONDS = 10.0   # PROGRESS marks, at most this often (writes permitting): within a bookmark interval
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (
     revision INTEGER PRIMARY KEY,
@@ -68,6 +83,7 @@ CREATE TABLE IF NOT EXISTS meta (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS log_key_revision ON log(key, revision);
 """
 
 _GET = (
@@ -80,10 +96,14 @@ _LIST_COLUMNS = (
 )
 # The state at a past revision: each key's latest row at or below it, unless a delete.
 # (SQLite takes the bare columns of a MAX() aggregate from the row holding the maximum.)
+# Each key's latest revision comes from the index on (key, revision) alone (SQLite reads
+# the index entries of the range, not the rows); only the rows of the page are read whole.  Without the index this
+# read every logged version of the range, values and all, for each page (issue 25: the
+# second page of a list of a thousand pods, a write after its first, scanned the log).
 _STATE_AT = (
-    "SELECT key, value, create_revision, revision FROM (SELECT key, value, create_revision, "
-    "MAX(revision) AS revision, deleted FROM log WHERE revision <= ? AND {range} AND key > ? "
-    "GROUP BY key) WHERE deleted = 0 ORDER BY key"
+    "SELECT l.key, l.value, l.create_revision, l.revision FROM (SELECT key, MAX(revision) AS rev "
+    "FROM log WHERE revision <= ? AND {range} AND key > ? GROUP BY key ORDER BY key) m "
+    "JOIN log l ON l.revision = m.rev WHERE l.deleted = 0 ORDER BY l.key"
 )
 _REPLAY_COLUMNS = (
     "SELECT l.revision, l.key, l.value, l.create_revision, l.prev_revision, l.deleted, "
@@ -115,10 +135,12 @@ def prefix_end(prefix: str) -> str | None:
 class _Watcher:
     """One live subscription: a bounded queue the writer appends to without waiting."""
 
-    __slots__ = ("prefix", "events", "wakeup", "limit", "lagged", "closed")
+    __slots__ = ("prefix", "events", "wakeup", "limit", "lagged", "closed", "trigger", "progress")
 
-    def __init__(self, prefix: str, limit: int) -> None:
+    def __init__(self, prefix: str, limit: int, trigger: str | None = None, progress: bool = False) -> None:
         self.prefix = prefix
+        self.trigger = trigger
+        self.progress = progress
         self.events: deque[WatchEvent] = deque()
         self.wakeup = asyncio.Event()
         self.limit = limit
@@ -163,6 +185,7 @@ class SQLiteStore(StoreFigures):
         *,
         compact_every: int = 1000,
         watch_queue_size: int = 1000,
+        history_seconds: float = 0.0,
     ) -> None:
         if history < 0 or compact_every < 1 or watch_queue_size < 1:
             raise StoreError(
@@ -170,10 +193,18 @@ class SQLiteStore(StoreFigures):
             )
         self._path = str(path)
         self._history = history
+        self._history_seconds = history_seconds
         self._compact_every = compact_every
         self._watch_queue_size = watch_queue_size
         self._writes_since_compact = 0
         self._watchers: dict[str, set[_Watcher]] = {}
+        # prefix -> trigger value -> its watchers; prefix -> the function of an event's values
+        self._triggered: dict[str, dict[str, set[_Watcher]]] = {}
+        self._triggers: dict[str, Callable[[WatchEvent], Iterable[str]]] = {}
+        self._progress_at = 0.0
+        self._marks: deque[tuple[float, int]] = deque()   # (monotonic time, revision) at each compaction round
+        self._progress_watchers: set[_Watcher] = set()   # those that take PROGRESS marks
+        self.pushed = 0   # events pushed to watchers (a test counts them)
         self._closed = False
         self._db = self._connect(self._path)
         self._compacted = self._meta("compacted_revision")
@@ -181,7 +212,7 @@ class SQLiteStore(StoreFigures):
         self._revision = max(last, self._compacted)
 
     @classmethod
-    async def open(cls, path: str | Path, history: int = 10000, **options: int) -> SQLiteStore:
+    async def open(cls, path: str | Path, history: int = 10000, **options: Any) -> SQLiteStore:
         return cls(path, history, **options)
 
     # --- opening -----------------------------------------------------------
@@ -257,7 +288,8 @@ class SQLiteStore(StoreFigures):
             raise StoreError(f"cannot list prefix {prefix!r}: {err}") from err
         return [KeyValue(k, v, c, m) for k, v, c, m in rows], self._revision
 
-    async def page(self, prefix: str, *, after: str = "", limit: int = 0, revision: int = 0) -> Page:
+    async def page(self, prefix: str, *, after: str = "", limit: int = 0, revision: int = 0,
+                   count: bool = True) -> Page:
         """See Store.page. The current state reads `current`; a past revision groups the
         log by key (history is bounded by compaction, so this scan is too)."""
         self._check_open()
@@ -272,9 +304,12 @@ class SQLiteStore(StoreFigures):
             raise Compacted(self._compacted, at)
         current = revision == 0 or at == self._revision
         try:
-            rows = self._page_rows(prefix, after, at, current, limit or -1)
+            rows = self._page_rows(prefix, after, at, current, (limit + (0 if count else 1)) if limit else -1)
             remaining = 0
-            if limit and len(rows) == limit:
+            if limit and not count:
+                remaining = 1 if len(rows) > limit else 0   # more follow: how many is not asked
+                del rows[limit:]
+            elif limit and len(rows) == limit:
                 remaining = self._page_rows(prefix, rows[-1][0], at, current, -1, count=True)[0][0]
         except sqlite3.Error as err:
             raise StoreError(f"cannot list prefix {prefix!r} at revision {at}: {err}") from err
@@ -293,6 +328,8 @@ class SQLiteStore(StoreFigures):
         elif current:
             sql, params = self._key_range("c.key", prefix)
             query = _LIST_COLUMNS + "WHERE " + sql + " AND c.key > ? ORDER BY c.key LIMIT ?"
+        elif not count:
+            return self._past_rows(prefix, after, at, limit)
         else:
             sql, keys = self._key_range("key", prefix)
             query = _STATE_AT.format(range=sql) + " LIMIT ?"
@@ -300,6 +337,30 @@ class SQLiteStore(StoreFigures):
         if count:
             query = f"SELECT COUNT(*) FROM ({query})"
         return self._db.execute(query, (*params, after, limit)).fetchall()
+
+    def _past_rows(self, prefix: str, after: str, at: int, limit: int) -> builtins.list[tuple]:
+        """A page at a past revision: each key's latest revision at or below ``at``, the
+        next ``limit`` keys after ``after`` read along the index on (key, revision) and
+        no further (its GROUP BY follows the index, so the LIMIT stops it), then those
+        rows; keys deleted at ``at`` are skipped, and more read while the page is short.
+        O(the page's keys and their versions), not O(the rest of the range)."""
+        sql, keys = self._key_range("key", prefix)
+        heads = ("SELECT key, MAX(revision) FROM log WHERE revision <= ? AND " + sql
+                 + " AND key > ? GROUP BY key ORDER BY key LIMIT ?")
+        out: builtins.list[tuple] = []
+        while True:
+            want = limit - len(out) if limit >= 0 else -1
+            groups = self._db.execute(heads, (at, *keys, after, want)).fetchall()
+            if not groups:
+                return out
+            revs = [r for _, r in groups]
+            rows = self._db.execute(
+                "SELECT key, value, create_revision, revision, deleted FROM log WHERE revision IN ("
+                + ",".join("?" * len(revs)) + ") ORDER BY key", revs).fetchall()
+            out += [r[:4] for r in rows if not r[4]]
+            after = groups[-1][0]
+            if want < 0 or len(groups) < want or len(out) >= limit:
+                return out
 
     @staticmethod
     def _key_range(column: str, prefix: str) -> tuple[str, tuple[str, ...]]:
@@ -396,11 +457,19 @@ class SQLiteStore(StoreFigures):
         key = event.kv.key
         # Watchers are grouped by prefix: the per-write cost is one startswith per
         # distinct prefix plus one O(1) append per interested watcher.
+        reached: set[_Watcher] = set()
         for prefix, watchers in self._watchers.items():
             if key.startswith(prefix):
                 for watcher in watchers:
+                    self.pushed += 1
+                    if watcher.progress:
+                        reached.add(watcher)
                     if not watcher.push(event):
                         lagged.append(watcher)
+        if self._triggered:
+            self._publish_triggered(event, reached, lagged)
+        if self._progress_watchers:
+            self._publish_progress(event, reached, lagged)
         for watcher in lagged:
             self._unsubscribe(watcher)
         self._writes_since_compact += 1
@@ -408,8 +477,74 @@ class SQLiteStore(StoreFigures):
             self._writes_since_compact = 0
             self._compact_automatically()
 
+    def _publish_triggered(self, event: WatchEvent, reached: set[_Watcher], lagged: builtins.list[_Watcher]) -> None:
+        """Push ``event`` to the triggered watchers its values concern (O(those)), adding
+        them to ``reached``."""
+        key = event.kv.key
+        values: Iterable[str] | None = None
+        for prefix, by_value in self._triggered.items():
+            if not key.startswith(prefix):
+                continue
+            if values is None:
+                fn = next((f for p, f in self._triggers.items() if key.startswith(p)), None)
+                values = set(fn(event)) if fn is not None else set(by_value)
+            for value in values:
+                for watcher in by_value.get(value, ()):
+                    reached.add(watcher)
+                    self.pushed += 1
+                    if not watcher.push(event):
+                        lagged.append(watcher)
+
+    def _publish_progress(self, event: WatchEvent, reached: set[_Watcher], lagged: builtins.list[_Watcher]) -> None:
+        """At most every PROGRESS_SECONDS: a PROGRESS mark at this write's revision to every
+        watcher that takes them and was not pushed this event (O(watchers) once a second)."""
+        now = time.monotonic()
+        if now - self._progress_at < PROGRESS_SECONDS:
+            return
+        self._progress_at = now
+        mark = WatchEvent(PROGRESS, event.kv, None, event.revision)
+        for watcher in self._progress_watchers:
+            if watcher not in reached:
+                self.pushed += 1
+                if not watcher.push(mark):
+                    lagged.append(watcher)
+
+    def _concerns(self, watcher: _Watcher, event: WatchEvent) -> bool:
+        """Whether a replayed event is the watcher's: a triggered watch's only when its
+        trigger values hold the watch's (so a watch resumed from a revision a while back
+        reads the events of its node, not every pod event since, each decoded)."""
+        if watcher.trigger is None:
+            return True
+        fn = next((f for p, f in self._triggers.items() if event.kv.key.startswith(p)), None)
+        return fn is None or watcher.trigger in set(fn(event))
+
+    def set_trigger(self, prefix: str, values: Callable[[WatchEvent], Iterable[str]]) -> None:
+        """The trigger values of an event under ``prefix`` (the module docstring)."""
+        self._triggers[check_prefix(prefix)] = values
+
+    def watch_triggered(self, prefix: str, start_revision: int, trigger: str) -> WatchStream:
+        """`watch`, but live events only when their trigger values hold ``trigger`` (and
+        PROGRESS marks); see the module docstring."""
+        return self._watch(prefix, start_revision, trigger, True)
+
+    def watch_progress(self, prefix: str, start_revision: int) -> WatchStream:
+        """`watch` with PROGRESS marks (the module docstring): a watch of a quiet prefix
+        learns the store's revision, so its bookmarks keep up and a resume from them is
+        not compacted away (as etcd's progress notifications)."""
+        return self._watch(prefix, start_revision, None, True)
+
     def _compact_automatically(self) -> None:
-        target = self._revision - self._history
+        # At least `history` revisions, and at least `history_seconds` of them (as
+        # kube-apiserver compacts etcd every 5 minutes): a fleet writes hundreds of times a
+        # second, and a watch resumed from a bookmark a few seconds old must find its
+        # revision still there, or a thousand kubelets list every pod again (issue 25).
+        now = time.monotonic()
+        self._marks.append((now, self._revision))
+        keep = self._history_seconds
+        while len(self._marks) > 1 and self._marks[1][0] <= now - keep:
+            self._marks.popleft()
+        old_enough = self._marks[0][1] if self._marks[0][0] <= now - keep else 0
+        target = min(self._revision - self._history, old_enough)
         if target <= self._compacted:
             return
         try:
@@ -460,6 +595,9 @@ class SQLiteStore(StoreFigures):
     # --- watch -------------------------------------------------------------
 
     def watch(self, prefix: str, start_revision: int) -> WatchStream:
+        return self._watch(prefix, start_revision, None, False)
+
+    def _watch(self, prefix: str, start_revision: int, trigger: str | None, progress: bool) -> WatchStream:
         """Events with revision > start_revision under `prefix`: replayed, then live.
 
         The subscription starts at this call, not at the first iteration: with
@@ -470,7 +608,7 @@ class SQLiteStore(StoreFigures):
         now = self._revision
         first = None
         if isinstance(prefix, str) and not self._closed:
-            first = self._subscribe(prefix)
+            first = self._subscribe(prefix, trigger, progress)
 
         def release() -> None:
             if first is not None:
@@ -494,7 +632,8 @@ class SQLiteStore(StoreFigures):
                     while cursor < upto and not self._closed:
                         page = self._replay_page(prefix, cursor, upto)
                         for event in page:
-                            yield event
+                            if self._concerns(watcher, event):
+                                yield event
                             cursor = event.revision
                         if len(page) < self.replay_page_size:
                             cursor = upto
@@ -507,7 +646,7 @@ class SQLiteStore(StoreFigures):
                 if watcher.closed or self._closed:
                     return
                 # The queue overflowed (the reader was slow): catch up from the log.
-                watcher, upto = self._subscribe(prefix), self._revision
+                watcher, upto = self._subscribe(prefix, watcher.trigger, watcher.progress), self._revision
         finally:
             if first is not None:
                 self._unsubscribe(first)
@@ -535,12 +674,28 @@ class SQLiteStore(StoreFigures):
             prev = KeyValue(key, prev_value, prev_create, prev_rev)
         return WatchEvent(DELETE if deleted else PUT, kv, prev, revision)
 
-    def _subscribe(self, prefix: str) -> _Watcher:
-        watcher = _Watcher(prefix, self._watch_queue_size)
-        self._watchers.setdefault(prefix, set()).add(watcher)
+    def _subscribe(self, prefix: str, trigger: str | None = None, progress: bool = False) -> _Watcher:
+        watcher = _Watcher(prefix, self._watch_queue_size, trigger, progress)
+        if progress:
+            self._progress_watchers.add(watcher)
+        if trigger is not None:
+            self._triggered.setdefault(prefix, {}).setdefault(trigger, set()).add(watcher)
+        else:
+            self._watchers.setdefault(prefix, set()).add(watcher)
         return watcher
 
     def _unsubscribe(self, watcher: _Watcher) -> None:
+        self._progress_watchers.discard(watcher)
+        if watcher.trigger is not None:
+            by_value = self._triggered.get(watcher.prefix, {})
+            group = by_value.get(watcher.trigger)
+            if group is not None:
+                group.discard(watcher)
+                if not group:
+                    del by_value[watcher.trigger]
+                if not by_value:
+                    self._triggered.pop(watcher.prefix, None)
+            return
         group = self._watchers.get(watcher.prefix)
         if group is not None:
             group.discard(watcher)
@@ -549,7 +704,8 @@ class SQLiteStore(StoreFigures):
 
     @property
     def watcher_count(self) -> int:
-        return sum(len(group) for group in self._watchers.values())
+        return sum(len(group) for group in self._watchers.values()) + sum(
+            len(g) for by_value in self._triggered.values() for g in by_value.values())
 
     # --- closing -----------------------------------------------------------
 
@@ -558,10 +714,12 @@ class SQLiteStore(StoreFigures):
         if self._closed:
             return
         self._closed = True
-        for group in self._watchers.values():
+        for group in [*self._watchers.values(), *(g for b in self._triggered.values() for g in b.values())]:
             for watcher in group:
                 watcher.close()
         self._watchers.clear()
+        self._triggered.clear()
+        self._progress_watchers.clear()
         self._db.close()
 
     def _check_open(self) -> None:

@@ -518,3 +518,11 @@ async def test_too_large_is_refused_before_a_byte_is_read(tmp_path: Path, size: 
         await s.checkpoint("ck", "Saved")
         status, answer = await s.put_answer("ck", trickle(b"K32S", 1, 0), size=size)
         assert status == 413 and "more than the 16777216 bytes" in answer["message"], answer
+
+
+def test_moves_take_turns_with_other_snapshots_of_their_namespace() -> None:
+    # Issue 25: a thousand periodic saves queued in one namespace held a drain's moves
+    # behind them all in the one-snapshot-at-a-time line.
+    from kube32.apiserver.checkpointdata import pull_lane
+    assert pull_lane("default", "frozen") != pull_lane("default", None) == pull_lane("default", "running")
+    assert pull_lane("a", "frozen") != pull_lane("b", "frozen")

@@ -114,3 +114,45 @@ def test_events_on_nodes_and_pending_pods_request_a_pass() -> None:
     assert len(sched.queue) == 0          # a running pod changing is no reason for a pass
     pods_inf.handlers[0]("DELETED", bound, bound)
     assert len(sched.queue) == 1          # a pod leaving frees room
+
+
+def _bound(name: str, node_name: str) -> dict:
+    p = pod(name, "2026-01-01T00:00:00Z", "1Ki")
+    p["spec"]["nodeName"] = node_name
+    p["status"]["phase"] = "Running"
+    return p
+
+
+def big_node(name: str) -> dict:
+    n = node(name, "64Mi")
+    n["status"]["allocatable"]["pods"] = "1000"
+    return n
+
+
+def test_a_status_report_asks_for_no_pass_and_a_pass_does_not_sum_every_pod() -> None:
+    # Issue 25: a thousand nodes report status every 10 s; a pass summed every pod of the cluster.
+    summed = []
+    for per_node in (2, 200):
+        nodes = [big_node(f"n{i}") for i in range(5)]
+        bound = [_bound(f"p{i}-{j}", f"n{i}") for i in range(5) for j in range(per_node)]
+        sched, client = make([], nodes)
+        sched.setup()
+        for p in bound:
+            sched.pods.handlers[0]("ADDED", p, None)
+        sched.queue = type(sched.queue)()
+        report = big_node("n1")
+        report["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-01T00:00:10Z"
+        sched.nodes.handlers[0]("MODIFIED", report, big_node("n1"))
+        assert len(sched.queue) == 0                # nothing a choice reads changed
+        cordoned = big_node("n1")
+        cordoned["spec"]["unschedulable"] = True
+        sched.nodes.handlers[0]("MODIFIED", cordoned, big_node("n1"))
+        assert len(sched.queue) == 1                # this could change a choice
+        new = pod("new", "2026-01-01T00:00:05Z", "1Ki")
+        sched.pods.handlers[0]("ADDED", new, None)
+        asyncio.run(sched.sync(PASS))
+        assert [b[0] for b in client.bindings] == ["new"], client.events
+        summed.append(sched.by_node.summed)
+        asyncio.run(sched.sync(PASS))              # nothing pending: nothing summed, nothing bound
+        assert sched.by_node.summed == summed[-1] and len(client.bindings) == 1
+    assert summed[0] == summed[1] == 5, summed      # once a node, whatever its pods
