@@ -555,6 +555,12 @@ def goals(r: dict[str, Any]) -> list[list[str]]:
     p99 = _get(r, "watch_ms", "p99")
     if p99 is not None:
         out.append(["watch delivery p99 < 100 ms", f"{p99:.0f} ms", report.verdict(p99 < GOAL_WATCH_P99_MS)])
+    if "drain" not in r:
+        out.append(["drain of 50 nodes (500 pods) < 60 s, nothing lost", "not measured at this size "
+                    "(bench/notes.md says why)", report.verdict(False)])
+    if "lose" not in r:
+        out.append(["loss of 100 nodes recovered within grace + 30 s", "not measured at this size "
+                    "(bench/notes.md says why)", report.verdict(False)])
     d = r.get("drain")
     if d:
         out.append([f"drain of {d['nodes']} nodes < 60 s, nothing lost", f"{d['seconds']:.1f} s, "
@@ -574,7 +580,7 @@ def section(rows: list[dict[str, Any]], rest: float, title: str = SMALL_TITLE, p
              f"{r['cp_rss'] / 2**20:.0f} MiB", f"{100 * r['cp_cpu']:.0f}%", f"{100 * r['fleet_cpu']:.0f}%",
              (f"{r['watch_ms']['p50']:.0f} / {r['watch_ms']['p99']:.0f} ms" if r.get("watch_ms") else "-"),
              (f"{r['list_ms']['all']:.0f} / {r['list_ms']['node']:.0f} ms" if r.get("list_ms") else "-"),
-             _drain_cell(r), _lose_cell(r), f"{r.get('load', '?')}"] for r in rows]
+             _drain_cell(r), _lose_cell(r), f"{r.get('load', '?')}", r.get("code", "this run")] for r in rows]
     text = (f"{title}\n\n"
             "`kube32-sim fleet --nodes N` (devkit boards, pwasm, Lease and status every 10 s; counter pods) against "
             f"a control plane of its own (`--no-kubelet`); CPU at rest over {rest:g} s after every pod runs, as a "
@@ -582,10 +588,11 @@ def section(rows: list[dict[str, Any]], rest: float, title: str = SMALL_TITLE, p
             "watch of the namespace's pods; list pods: every pod, and one node's by `spec.nodeName`; the loss first "
             "(its pods take a periodic checkpoint every 120 s from then on, the nodes to drain cordoned), then the "
             "drain through the Eviction API.  Measured on this 2-core machine with other sessions' work running "
-            "(the load column: its 1-minute load average at rest): indicative, one run a size.\n\n")
+            "(the load column: its 1-minute load average at rest): indicative, one run a size; the code column "
+            "names the commit a row ran on when the rows come from different runs (`--json`, `--from-json`).\n\n")
     text += report.table(["nodes", "pods", "all Ready", "fleet RSS / node", "control plane RSS",
                           "control plane CPU", "fleet CPU", "watch p50 / p99", "list all / by node", "drain",
-                          "loss", "load"], body)
+                          "loss", "load", "code"], body)
     if len(rows) > 1:
         grow = []
         series = []
