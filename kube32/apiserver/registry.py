@@ -716,16 +716,16 @@ class Registry:
             return _without_empty_maps(res, server_side_apply(current, applicable, manager or "unknown", force,
                                                               res.rules, subresource=subresource))
         except ApplyConflict as e:
-            raise self._apply_conflict(res, objects.name(current), e) from None
+            raise self._apply_conflict(e) from None
         except PatchError as e:
             raise patch_refusal(e) from None
 
     @staticmethod
-    def _apply_conflict(res: Resource, name: str, e: ApplyConflict) -> errors.APIError:
+    def _apply_conflict(e: ApplyConflict) -> errors.APIError:
+        """The 409 of a conflict, as apimachinery's NewApplyConflict: its details only causes."""
         causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {whom}", "field": field}
                   for field, _, whom in e.conflicts]
-        err = errors.APIError(409, "Conflict", str(e), details={"causes": causes})   # as NewApplyConflict
-        return err
+        return errors.APIError(409, "Conflict", str(e), details={"causes": causes})
 
     async def _apply_create(self, res: Resource, ns: str | None, name: str, body: Any,
                             manager: str, force: bool, dry_run: bool, big: bool) -> Obj:
