@@ -144,118 +144,109 @@ def _wait_established(c, name):
     raise AssertionError(f"CRD {name} not established")
 
 
-def _big_crd():
-    s = {"type": "string"}
+def _crd(plural: str, kind: str, spec: dict, status: dict) -> dict:
+    """A namespaced CRD of GROUP/v1 with a status subresource, its spec's and status's properties."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"bigs.{GROUP}"},
+        "metadata": {"name": f"{plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
-            "names": {"plural": "bigs", "singular": "big", "kind": "Big"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {
-                                "spec": {
-                                    "type": "object",
-                                    "properties": {
-                                        "m1": {
-                                            "type": "array",
-                                            "x-kubernetes-list-type": "map",
-                                            "x-kubernetes-list-map-keys": ["name"],
-                                            "items": {
-                                                "type": "object",
-                                                "required": ["name"],
-                                                "properties": {"name": s, "v": s, "w": s},
-                                            },
-                                        },
-                                        "m2": {
-                                            "type": "array",
-                                            "x-kubernetes-list-type": "map",
-                                            "x-kubernetes-list-map-keys": ["a", "b"],
-                                            "items": {
-                                                "type": "object",
-                                                "required": ["a", "b"],
-                                                "properties": {"a": s, "b": {"type": "integer"}, "v": s},
-                                            },
-                                        },
-                                        "m3": {
-                                            "type": "array",
-                                            "x-kubernetes-list-type": "map",
-                                            "x-kubernetes-list-map-keys": ["a", "b", "c"],
-                                            "items": {
-                                                "type": "object",
-                                                "required": ["a", "b", "c"],
-                                                "properties": {"a": s, "b": s, "c": s, "v": s},
-                                            },
-                                        },
-                                        "s": {"type": "array", "x-kubernetes-list-type": "set", "items": s},
-                                        "si": {
-                                            "type": "array",
-                                            "x-kubernetes-list-type": "set",
-                                            "items": {"type": "integer"},
-                                        },
-                                        "at": {"type": "array", "items": s},
-                                        "mp": {"type": "object", "additionalProperties": s},
-                                        "n": {
-                                            "type": "array",
-                                            "x-kubernetes-list-type": "map",
-                                            "x-kubernetes-list-map-keys": ["name"],
-                                            "items": {
-                                                "type": "object",
-                                                "required": ["name"],
-                                                "properties": {
-                                                    "name": s,
-                                                    "sub": {
-                                                        "type": "array",
-                                                        "x-kubernetes-list-type": "map",
-                                                        "x-kubernetes-list-map-keys": ["k"],
-                                                        "items": {
-                                                            "type": "object",
-                                                            "required": ["k"],
-                                                            "properties": {"k": s, "v": s},
-                                                        },
-                                                    },
-                                                },
-                                            },
-                                        },
-                                        "deep": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                                        "replicas": {"type": "integer"},
-                                        "color": s,
-                                    },
-                                },
-                                "status": {
-                                    "type": "object",
-                                    "properties": {
-                                        "phase": s,
-                                        "ready": {"type": "integer"},
-                                        "conds": {
-                                            "type": "array",
-                                            "x-kubernetes-list-type": "map",
-                                            "x-kubernetes-list-map-keys": ["type"],
-                                            "items": {
-                                                "type": "object",
-                                                "required": ["type"],
-                                                "properties": {"type": s, "status": s},
-                                            },
-                                        },
-                                    },
-                                },
-                            },
-                        }
-                    },
-                }
-            ],
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+            "versions": [{
+                "name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": spec},
+                    "status": {"type": "object", "properties": status},
+                }}},
+            }],
         },
     }
+
+
+def _big_crd():
+    s = {"type": "string"}
+    spec = {
+        "m1": {
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": s, "v": s, "w": s},
+            },
+        },
+        "m2": {
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["a", "b"],
+            "items": {
+                "type": "object",
+                "required": ["a", "b"],
+                "properties": {"a": s, "b": {"type": "integer"}, "v": s},
+            },
+        },
+        "m3": {
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["a", "b", "c"],
+            "items": {
+                "type": "object",
+                "required": ["a", "b", "c"],
+                "properties": {"a": s, "b": s, "c": s, "v": s},
+            },
+        },
+        "s": {"type": "array", "x-kubernetes-list-type": "set", "items": s},
+        "si": {
+            "type": "array",
+            "x-kubernetes-list-type": "set",
+            "items": {"type": "integer"},
+        },
+        "at": {"type": "array", "items": s},
+        "mp": {"type": "object", "additionalProperties": s},
+        "n": {
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": s,
+                    "sub": {
+                        "type": "array",
+                        "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["k"],
+                        "items": {
+                            "type": "object",
+                            "required": ["k"],
+                            "properties": {"k": s, "v": s},
+                        },
+                    },
+                },
+            },
+        },
+        "deep": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "replicas": {"type": "integer"},
+        "color": s,
+    }
+    status = {
+        "phase": s,
+        "ready": {"type": "integer"},
+        "conds": {
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+            "items": {
+                "type": "object",
+                "required": ["type"],
+                "properties": {"type": s, "status": s},
+            },
+        },
+    }
+    return _crd("bigs", "Big", spec, status)
 
 
 @pytest.fixture(scope="module")
@@ -684,39 +675,8 @@ def _rat_crd(typed: bool):
         stags["x-kubernetes-list-type"] = "set"
         ports["x-kubernetes-list-type"] = "map"
         ports["x-kubernetes-list-map-keys"] = ["name"]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"rats.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {"plural": "rats", "singular": "rat", "kind": "Rat"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {
-                                "spec": {
-                                    "type": "object",
-                                    "properties": {"tags": tags, "ports": ports, "other": {"type": "string"}},
-                                },
-                                "status": {
-                                    "type": "object",
-                                    "properties": {"tags": stags, "phase": {"type": "string"}},
-                                },
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return _crd("rats", "Rat", {"tags": tags, "ports": ports, "other": {"type": "string"}},
+                {"tags": stags, "phase": {"type": "string"}})
 
 
 def _rat_names(c):
