@@ -14,7 +14,12 @@ listens on an address of its own (127.0.0.x) as ``kube32-sim up``'s workers do.
 Where things come from (the machine reaches Debian's archive and PyPI only):
 - the root filesystem: ``mmdebstrap --variant=extract`` of the suite ``stable`` (the
   name ``trixie`` fails on this mirror with "File has unexpected size").  extract runs
-  no maintainer scripts, so the merged-/usr links (/lib, /bin, /sbin) are made here;
+  no maintainer scripts, so the merged-/usr links (/lib, /bin, /sbin) are made here.
+  A mirror may lag a point release for one CPU (this one's ``stable`` index named
+  s390x .debs of 13.x its pool did not hold: 404): when stable's build fails on a
+  missing file, the CPU's root filesystem is ``oldstable`` (Python 3.11, the oldest
+  Kube32 runs on) with aiohttp and its dependencies from PyPI's wheels for that CPU
+  (oldstable's python3-aiohttp is older than Kube32 needs); the facts say which;
 - qemu-user: the static binaries of Debian stable's ``qemu-user`` (10.x; bookworm's 7.2
   runs Python about 7x slower), fetched with ``apt-get download`` through a private apt
   state in the cache: the host's sources and installed packages are never touched;
@@ -57,6 +62,9 @@ from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = "stable"
+# When SUITE's mirror lacks a file for a CPU: this suite, with WHEELS_FALLBACK from PyPI.
+SUITE_FALLBACK = "oldstable"
+WHEELS_FALLBACK = ("aiohttp>=3.9",)
 MIRROR = os.environ.get("KUBE32_CROSS_MIRROR", "http://deb.debian.org/debian")
 DEBIAN_PACKAGES = ("python3", "python3-aiohttp", "python3-yaml", "python3-rich", "python3-cryptography")
 QEMU_DIR = PurePosixPath("/usr/local/libexec/kube32")   # inside a root filesystem
@@ -75,13 +83,13 @@ class Arch:
     byteorder: str
     pointer_bits: int
     engine: str        # the engine a worker of this CPU uses
-    wheel_platform: str | None = None  # for a binary engine wheel
+    wheel_platform: str  # PyPI's name of this CPU's wheels (binary engine, fallback wheels)
 
 
 ARCHES = {a.name: a for a in (
     Arch("arm64", "aarch64", "aarch64", "arm64", "little", 64, "wasmtime", "manylinux2014_aarch64"),
-    Arch("armhf", "arm", "armv7l", "arm", "little", 32, "pwasm"),
-    Arch("s390x", "s390x", "s390x", "s390x", "big", 64, "pwasm"),
+    Arch("armhf", "arm", "armv7l", "arm", "little", 32, "pwasm", "manylinux_2_17_armv7l"),
+    Arch("s390x", "s390x", "s390x", "s390x", "big", 64, "pwasm", "manylinux2014_s390x"),
 )}
 
 
@@ -210,7 +218,8 @@ def _pins(arch: Arch) -> list[str]:
 
 def _key(arch: Arch) -> str:
     spec = {"format": FORMAT, "arch": arch.name, "suite": SUITE, "mirror": MIRROR,
-            "packages": sorted(DEBIAN_PACKAGES), "wheels": _pins(arch)}
+            "packages": sorted(DEBIAN_PACKAGES), "wheels": _pins(arch),
+            "fallback": [SUITE_FALLBACK, *WHEELS_FALLBACK]}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -232,7 +241,8 @@ class Rootfs:
 
 _PROBE = ("import json, platform, struct, sys, aiohttp, yaml, rich, cryptography, asyncio, ssl, sqlite3, {engine}; "
           "print(json.dumps({{'machine': platform.machine(), 'byteorder': sys.byteorder, "
-          "'pointer_bits': struct.calcsize('P') * 8, 'python': platform.python_version()}}))")
+          "'pointer_bits': struct.calcsize('P') * 8, 'python': platform.python_version(), "
+          "'aiohttp': aiohttp.__version__}}))")
 
 
 def _build(arch: Arch, final: Path, cache: Path) -> None:
@@ -240,8 +250,7 @@ def _build(arch: Arch, final: Path, cache: Path) -> None:
     qemu = qemu_binaries(cache) / f"qemu-{arch.qemu}"
     with tempfile.TemporaryDirectory(dir=cache, prefix=f".rootfs-{arch.name}-") as tmp:
         root = Path(tmp) / "root"
-        _run(["mmdebstrap", f"--arch={arch.name}", "--variant=extract", "--quiet",
-              f"--include={','.join(DEBIAN_PACKAGES)}", SUITE, str(root), MIRROR], f"mmdebstrap ({arch.name})")
+        suite, wheels = _extract(arch, root)
         for link in ("bin", "sbin", "lib"):  # merged /usr: extract runs no maintainer scripts
             if not (root / link).exists():
                 (root / link).symlink_to(f"usr/{link}")
@@ -251,11 +260,11 @@ def _build(arch: Arch, final: Path, cache: Path) -> None:
         pyver = pythons[-1].removeprefix("python")
         site = root / str(SITE_DIR).lstrip("/")
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-               "--disable-pip-version-check", "--target", str(site)]
-        if arch.wheel_platform:
-            pip += ["--only-binary=:all:", "--platform", arch.wheel_platform, "--python-version", pyver,
-                    "--implementation", "cp"]
+               "--disable-pip-version-check", "--target", str(site), "--only-binary=:all:",
+               "--platform", arch.wheel_platform, "--python-version", pyver, "--implementation", "cp"]
         _run([*pip, *_pins(arch)], f"pip install {' '.join(_pins(arch))} for {arch.name}")
+        if wheels:  # with their dependencies, as wheels for this CPU (no build under emulation)
+            _run([*(a for a in pip if a != "--no-deps"), *wheels], f"pip install {' '.join(wheels)} for {arch.name}")
         inside = root / str(QEMU_DIR).lstrip("/")
         inside.mkdir(parents=True)
         shutil.copy2(qemu, inside / qemu.name)
@@ -268,8 +277,34 @@ def _build(arch: Arch, final: Path, cache: Path) -> None:
         if {k: facts[k] for k in want} != want:
             raise CrossUnavailable(f"the {arch.name} python reports {facts}, expected {want}")
         (root / ".kube32-rootfs.json").write_text(json.dumps({**facts, "arch": arch.name, "qemu": str(qemu),
-                                                              "wheels": _pins(arch)}) + "\n")
+                                                              "suite": suite,
+                                                              "wheels": [*_pins(arch), *wheels]}) + "\n")
         root.rename(final)
+
+
+def _extract(arch: Arch, root: Path) -> tuple[str, tuple[str, ...]]:
+    """Debian's packages for ``arch`` into ``root``: the suite used, and the wheels that
+    must come from PyPI besides (SUITE_FALLBACK's, when SUITE's mirror lacks a file)."""
+    def mmdebstrap(suite: str, packages: tuple[str, ...]) -> None:
+        shutil.rmtree(root, ignore_errors=True)
+        _run(["mmdebstrap", f"--arch={arch.name}", "--variant=extract", "--quiet",
+              f"--include={','.join(packages)}", suite, str(root), MIRROR], f"mmdebstrap {suite} ({arch.name})")
+    try:
+        mmdebstrap(SUITE, DEBIAN_PACKAGES)
+        return SUITE, ()
+    except CrossUnavailable as e:
+        if not _missing_on_mirror(str(e)):
+            raise
+        print(f"{arch.name}: {MIRROR} lacks a file of {SUITE} for this CPU; building {SUITE_FALLBACK} "
+              f"with {', '.join(WHEELS_FALLBACK)} from PyPI", file=sys.stderr, flush=True)
+    mmdebstrap(SUITE_FALLBACK, tuple(p for p in DEBIAN_PACKAGES if p != "python3-aiohttp"))
+    return SUITE_FALLBACK, WHEELS_FALLBACK
+
+
+def _missing_on_mirror(output: str) -> bool:
+    """apt's words for a file the index names and the mirror does not hold (with
+    ``--quiet`` mmdebstrap says only that the download failed)."""
+    return bool(re.search(r"\b404\b|apt download failed|File has unexpected size|Hash Sum mismatch", output))
 
 
 def prepare(name: str, cache: Path | None = None) -> Rootfs:
