@@ -165,69 +165,23 @@ def _crd(plural: str, kind: str, spec: dict, status: dict) -> dict:
     }
 
 
+def _map_list(keys: list[str], properties: dict) -> dict:
+    """An array of objects, a map list keyed by ``keys`` (each required)."""
+    return {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": keys,
+            "items": {"type": "object", "required": keys, "properties": properties}}
+
+
 def _big_crd():
     s = {"type": "string"}
     spec = {
-        "m1": {
-            "type": "array",
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["name"],
-            "items": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {"name": s, "v": s, "w": s},
-            },
-        },
-        "m2": {
-            "type": "array",
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["a", "b"],
-            "items": {
-                "type": "object",
-                "required": ["a", "b"],
-                "properties": {"a": s, "b": {"type": "integer"}, "v": s},
-            },
-        },
-        "m3": {
-            "type": "array",
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["a", "b", "c"],
-            "items": {
-                "type": "object",
-                "required": ["a", "b", "c"],
-                "properties": {"a": s, "b": s, "c": s, "v": s},
-            },
-        },
+        "m1": _map_list(["name"], {"name": s, "v": s, "w": s}),
+        "m2": _map_list(["a", "b"], {"a": s, "b": {"type": "integer"}, "v": s}),
+        "m3": _map_list(["a", "b", "c"], {"a": s, "b": s, "c": s, "v": s}),
         "s": {"type": "array", "x-kubernetes-list-type": "set", "items": s},
-        "si": {
-            "type": "array",
-            "x-kubernetes-list-type": "set",
-            "items": {"type": "integer"},
-        },
+        "si": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "integer"}},
         "at": {"type": "array", "items": s},
         "mp": {"type": "object", "additionalProperties": s},
-        "n": {
-            "type": "array",
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["name"],
-            "items": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {
-                    "name": s,
-                    "sub": {
-                        "type": "array",
-                        "x-kubernetes-list-type": "map",
-                        "x-kubernetes-list-map-keys": ["k"],
-                        "items": {
-                            "type": "object",
-                            "required": ["k"],
-                            "properties": {"k": s, "v": s},
-                        },
-                    },
-                },
-            },
-        },
+        "n": _map_list(["name"], {"name": s, "sub": _map_list(["k"], {"k": s, "v": s})}),
         "deep": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         "replicas": {"type": "integer"},
         "color": s,
@@ -235,16 +189,7 @@ def _big_crd():
     status = {
         "phase": s,
         "ready": {"type": "integer"},
-        "conds": {
-            "type": "array",
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["type"],
-            "items": {
-                "type": "object",
-                "required": ["type"],
-                "properties": {"type": s, "status": s},
-            },
-        },
+        "conds": _map_list(["type"], {"type": s, "status": s}),
     }
     return _crd("bigs", "Big", spec, status)
 
