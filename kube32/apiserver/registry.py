@@ -307,6 +307,14 @@ class Registry:
             raise errors.not_found(res.plural, name, res.group)
         return decode(kv)
 
+    async def get_encoded(self, res: Resource, ns: str | None, name: str) -> bytes:
+        """:meth:`get`'s object as the API answers it in JSON, from the stored bytes
+        (:func:`encoded`: neither decoded nor encoded again)."""
+        kv = await self.store.get(res.key(ns, name))
+        if kv is None:
+            raise errors.not_found(res.plural, name, res.group)
+        return encoded(kv)
+
     async def try_get(self, res: Resource, ns: str | None, name: str) -> Obj | None:
         kv = await self.store.get(res.key(ns, name))
         return decode(kv) if kv else None

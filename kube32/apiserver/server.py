@@ -440,6 +440,9 @@ class APIServer:
         m = request.method
         assert t.name is not None
         if m == "GET":
+            if not tables.wants_table(request.headers.get("Accept", "")):
+                body = await self.registry.get_encoded(t.res, t.namespace, t.name)
+                return web.Response(body=body, content_type="application/json")
             obj = await self.registry.get(t.res, t.namespace, t.name)
             return self._render_one(request, t.res, obj)
         if m == "PUT":
