@@ -141,11 +141,22 @@ def encoded(kv: KeyValue) -> bytes:
     the outer one.  Anything else is decoded and encoded."""
     data = kv.value
     at = data.find(_METADATA)
-    if 0 < at <= _HEAD_SCANNED and data[:1] == b"{" and _depth(data[:at]) == 1:
+    if 0 < at <= _HEAD_SCANNED and data[:1] == b"{" and _outer_only(data[:at]):
         at += len(_METADATA)
         rv = b'"resourceVersion":"%d"' % kv.mod_revision
         return data[:at] + rv + (b"" if data[at:at + 1] == b"}" else b",") + data[at:]
     return json.dumps(decode(kv), separators=(",", ":")).encode()
+
+
+def _outer_only(head: bytes) -> bool:
+    """Whether ``head`` (the start of a JSON text, up to a key) is inside the outer object
+    only: :func:`_depth` is 1.  Said at once (by bytes methods, in C) for the usual head,
+    ``{"apiVersion":"v1","kind":"Pod",``: one bracket, none closed, no escape, its quotes
+    paired; a list of a thousand objects scanned every head byte by byte in Python."""
+    if (head.count(b"{") == 1 and b"[" not in head and b"}" not in head and b"]" not in head
+            and b"\\" not in head and head.count(b'"') % 2 == 0):
+        return True
+    return _depth(head) == 1
 
 
 def _depth(head: bytes) -> int:

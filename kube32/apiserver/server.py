@@ -66,17 +66,20 @@ async def stream_body(request: web.Request, pieces: AsyncIterator[bytes]) -> web
     piece is awaited before the answer begins, so a refusal (400, 410, 504) is still a
     Status; a failure after that cuts the connection (the client sees a broken body, never
     a short list that parses)."""
-    buffer = bytearray(await anext(pieces))
+    buffer = [await anext(pieces)]
+    size = 0
     resp = web.StreamResponse(headers={"Content-Type": "application/json"})
     resp.enable_chunked_encoding()
     await resp.prepare(request)
     try:
         async for piece in pieces:
-            buffer += piece
-            if len(buffer) >= STREAM_PIECE:
-                await resp.write(bytes(buffer))
+            buffer.append(piece)
+            size += len(piece)
+            if size >= STREAM_PIECE:   # joined once (a bytearray grown piece by piece copied twice)
+                await resp.write(b"".join(buffer))
                 buffer.clear()
-        await resp.write(bytes(buffer))
+                size = 0
+        await resp.write(b"".join(buffer))
         await resp.write_eof()
     except (ConnectionResetError, RuntimeError):
         pass
