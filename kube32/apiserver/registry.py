@@ -95,7 +95,8 @@ class WatchItem:
     content at this revision (an object that stopped matching), not the stored version;
     ``replaced`` too: the previous content of an object replaced under its name, annotated
     ``kube32.io/replaced-by`` (also for a watcher whose selectors the replacement no
-    longer matches)."""
+    longer matches).  ``kv``: the stored version ``object`` is the decoding of, when it is
+    one (its line is made from those bytes: :func:`encoded`)."""
 
     type: str
     object: Obj | None
@@ -103,6 +104,7 @@ class WatchItem:
     initial: bool = False
     derived: bool = False
     replaced: bool = False
+    kv: KeyValue | None = None
 
 
 async def _turn() -> None:
@@ -573,8 +575,16 @@ class Registry:
     async def _write(self, res: Resource, ns: str | None, kv: KeyValue, new: Obj,
                      subresource: str | None, dry_run: bool, manager: str | None = None,
                      big: bool = False, old: Obj | None = None) -> Obj:
-        """Write ``new`` over the stored version ``kv``: its passes (decode, defaults and
-        validation, managedFields, encode) on a worker thread when either is big.  ``old``:
+        """:meth:`_write_kv`'s object."""
+        return (await self._write_kv(res, ns, kv, new, subresource, dry_run, manager, big, old))[0]
+
+    async def _write_kv(self, res: Resource, ns: str | None, kv: KeyValue, new: Obj,
+                        subresource: str | None, dry_run: bool, manager: str | None = None,
+                        big: bool = False, old: Obj | None = None) -> tuple[Obj, KeyValue | None]:
+        """(the object written, the stored version it is the decoding of; None when
+        nothing was stored: a no-op, a dry run, a removal).  Write ``new`` over the stored
+        version ``kv``: its passes (decode, defaults and validation, managedFields, encode)
+        on a worker thread when either is big.  ``old``:
         ``kv`` decoded already by the caller, a private copy nothing changed (not decoded
         again: a fleet's Lease and status patches decoded each stored version twice)."""
         big = big or len(kv.value) > BIG_OBJECT
@@ -585,20 +595,20 @@ class Registry:
         if subresource is None and res.plural in self.admit:
             await self.admit[res.plural](res, new, old)
         if not await _pass(big, self._recorded, res, old, new, subresource, manager):
-            return old  # a no-op write keeps the resourceVersion, as in Kubernetes
+            return old, None  # a no-op write keeps the resourceVersion, as in Kubernetes
         md, omd = new["metadata"], old["metadata"]
         if md.get("deletionTimestamp") and not md.get("finalizers"):
             if not dry_run:
                 await self._remove(res, ns, kv, old)  # the last finalizer went: so does the object
             new["metadata"]["resourceVersion"] = omd["resourceVersion"]
-            return new
+            return new, None
         async with self._claimed(res, new, old, dry_run):
             if dry_run:
                 new["metadata"]["resourceVersion"] = omd["resourceVersion"]
-                return new
+                return new, None
             data = await _pass(big, encode_bounded, res, new)
             out = await self.store.update(kv.key, data, kv.mod_revision)
-        return stored(new, out)
+        return stored(new, out), out
 
     def _updated(self, res: Resource, kv: KeyValue, new: Obj, subresource: str | None,
                  old: Obj | None = None) -> tuple[Obj, Obj]:
@@ -679,12 +689,28 @@ class Registry:
                         objects.name(new), e)
 
     # --- patch --------------------------------------------------------------
-    @_one_write_per_key
     async def patch(self, res: Resource, ns: str | None, name: str, patch_type: str, body: Any, *,
                     subresource: str | None = None, manager: str = "", force: bool = False,
                     dry_run: bool = False, big: bool = False) -> tuple[Obj, bool]:
         """Returns (object, created); only apply patches create.  ``big``: the patch came in a
         body of more than ``BIG_OBJECT`` bytes (its passes run on a worker thread)."""
+        obj, created, _ = await self._patch(res, ns, name, patch_type, body, subresource=subresource,
+                                            manager=manager, force=force, dry_run=dry_run, big=big)
+        return obj, created
+
+    async def patch_encoded(self, res: Resource, ns: str | None, name: str, patch_type: str, body: Any, *,
+                            subresource: str | None = None, manager: str = "", force: bool = False,
+                            dry_run: bool = False, big: bool = False) -> tuple[Obj, bool, bytes | None]:
+        """:meth:`patch`, and the object's JSON as the API answers it when it was stored by
+        this patch (:func:`encoded` of the bytes written: not encoded once more), else None."""
+        obj, created, kv = await self._patch(res, ns, name, patch_type, body, subresource=subresource,
+                                             manager=manager, force=force, dry_run=dry_run, big=big)
+        return obj, created, (encoded(kv) if kv is not None else None)
+
+    @_one_write_per_key
+    async def _patch(self, res: Resource, ns: str | None, name: str, patch_type: str, body: Any, *,
+                     subresource: str | None = None, manager: str = "", force: bool = False,
+                     dry_run: bool = False, big: bool = False) -> tuple[Obj, bool, KeyValue | None]:
         if patch_type not in PATCH_TYPES:
             raise errors.unsupported_media_type(patch_type)
         for _ in range(MAX_RETRIES):
@@ -692,7 +718,7 @@ class Registry:
             if kv is None:
                 if patch_type != PATCH_APPLY or subresource:
                     raise errors.not_found(res.plural, name, res.group)
-                return await self._apply_create(res, ns, name, body, manager, force, dry_run, big), True
+                return await self._apply_create(res, ns, name, body, manager, force, dry_run, big), True, None
             big_write = big or len(kv.value) > BIG_OBJECT
             current = await _pass(big_write, decode, kv)
             new = await _pass(big_write, self.patched, res, current, patch_type, body, manager, force, subresource)
@@ -705,9 +731,10 @@ class Registry:
                 raise errors.conflict(res.plural, name, res.group)
             try:
                 # The patch functions work on a copy: ``current`` is still the stored version.
-                return await self._write(res, ns, kv, new, subresource, dry_run,
-                                         manager if patch_type != PATCH_APPLY else None, big_write,
-                                         old=current), False
+                written, stored_kv = await self._write_kv(res, ns, kv, new, subresource, dry_run,
+                                                          manager if patch_type != PATCH_APPLY else None,
+                                                          big_write, old=current)
+                return written, False, stored_kv
             except Conflict:
                 if wanted_rv:
                     raise errors.conflict(res.plural, name, res.group) from None
@@ -1017,7 +1044,7 @@ class Registry:
             if listing is not None:
                 async for item in listing:
                     assert item.object is not None
-                    yield WatchItem("ADDED", item.object, start, initial=True)
+                    yield WatchItem("ADDED", item.object, start, initial=True, kv=item.kv)
                 yield WatchItem(INITIAL_END, None, start)
             async for ev in stream:
                 for seen in self._seen_as(res, ev, labels, fields):
@@ -1086,7 +1113,7 @@ class Registry:
         was = prev is not None and self.matches(res, prev, labels, fields)
         if ev.type == "DELETE":
             if was or (prev is None and self.matches(res, obj, labels, fields)):
-                return [WatchItem("DELETED", obj, ev.revision)]
+                return [WatchItem("DELETED", obj, ev.revision, kv=ev.kv)]
             return [WatchItem(PROGRESS, None, ev.revision)]
         now = self.matches(res, obj, labels, fields)
         replaced = prev is not None and objects.uid(prev) != objects.uid(obj)
@@ -1097,9 +1124,9 @@ class Registry:
             assert prev is not None
             return [WatchItem("DELETED", _replaced(prev, obj, ev.revision - 1), ev.revision - 1,
                               derived=True, replaced=True),
-                    WatchItem("ADDED", obj, ev.revision)]
+                    WatchItem("ADDED", obj, ev.revision, kv=ev.kv)]
         if now:
-            return [WatchItem("MODIFIED" if was else "ADDED", obj, ev.revision)]
+            return [WatchItem("MODIFIED" if was else "ADDED", obj, ev.revision, kv=ev.kv)]
         if was:
             # As Kubernetes' watch cache: the previous content, at this event's
             # revision, so a kubelet sees the uid it ran go away (and, replaced under its
