@@ -209,8 +209,8 @@ def encode_bounded(res: Resource, obj: Obj) -> bytes:
     if len(data) > MAX_OBJECT:
         raise errors.too_large(f'{res.kind} "{objects.name(obj)}" would be {len(data)} bytes stored, more '
                                f"than the limit of {MAX_OBJECT} bytes for an object")
-    values = jsonshape.shape(data).values
-    if values > MAX_VALUES:
+    if not jsonshape.values_at_most(data, MAX_VALUES):
+        values = jsonshape.shape(data).values
         raise errors.too_large(f'{res.kind} "{objects.name(obj)}" would hold about {values} values, more '
                                f"than the limit of {MAX_VALUES} for an object")
     return data
