@@ -129,6 +129,13 @@ async def read_raw(request: web.Request, limit: int = MAX_BODY) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
         raise errors.too_large(f"the request body is {length} bytes, more than the limit of {limit} bytes")
+    if length is not None and request.content.is_eof():
+        # All of it came with the headers (a small body, as every PATCH of a Lease or a
+        # status): taken at once, without a timer and a read loop.
+        whole = request.content.read_nowait(-1)
+        if len(whole) <= limit:
+            return whole
+        raise errors.too_large(f"the request body is more than the limit of {limit} bytes")
     data = bytearray()
     try:
         async with asyncio.timeout(BODY_TIMEOUT):

@@ -27,6 +27,16 @@ class Shape:
     values: int
 
 
+def values_at_most(raw: bytes, limit: int) -> bool:
+    """Whether ``raw`` holds at most ``limit`` values by :func:`shape`'s count: said from
+    the bytes' own commas and brackets first (strings' too, so never fewer than shape's),
+    and only past ``limit`` by cutting the strings out (an object of a few KB is
+    measured in one pass, not three)."""
+    if 1 + raw.count(b",") + raw.count(b"[") + raw.count(b"{") <= limit:
+        return True
+    return shape(raw).values <= limit
+
+
 def shape(raw: bytes) -> Shape:
     bare = _STRING.sub(b"", raw)
     brackets = bare.translate(None, _NOT_BRACKET)

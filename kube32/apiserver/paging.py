@@ -279,7 +279,9 @@ async def encoded_list(head: Obj, field: str, items: AsyncIterator[bytes],
     yield dumps(head)[:-1] + f',"{field}":['.encode()
     first = True
     async for item in items:
-        yield item if first else b"," + item
+        if not first:
+            yield b","   # a piece of its own: the item's bytes are not copied to prepend it
+        yield item
         first = False
     rest = dumps(tail())
     yield b"]" + (b"," + rest[1:] if rest != b"{}" else b"}")

@@ -1109,15 +1109,20 @@ def _sub(subresource: str | None) -> dict | None:
     return {"subresource": subresource} if subresource else None
 
 
+def _interpreted(raw: Any) -> bool:
+    """Whether a managedFields entry's fields are read (FieldsV1, an object); an entry
+    of any other shape is kept as it is."""
+    return (isinstance(raw, dict) and raw.get("fieldsType", "FieldsV1") == "FieldsV1"
+            and isinstance(raw.get("fieldsV1"), dict))
+
+
 def _read_entries(live: dict) -> list[_Entry]:
     entries = []
     raw_entries = objects.meta(live).get("managedFields") or []
     for raw in raw_entries if isinstance(raw_entries, list) else []:
         if not isinstance(raw, dict):
             continue
-        fields = None
-        if raw.get("fieldsType", "FieldsV1") == "FieldsV1" and isinstance(raw.get("fieldsV1"), dict):
-            fields = frozenset(_tree_to_fields(raw["fieldsV1"]))
+        fields = frozenset(_tree_to_fields(raw["fieldsV1"])) if _interpreted(raw) else None
         entries.append(_Entry(raw, str(raw.get("manager", "")), str(raw.get("operation", "")), fields))
     return entries
 
@@ -1293,10 +1298,11 @@ def _capped(managed: list[dict]) -> list[dict]:
     """At most ``MAX_UPDATE_MANAGERS`` Update entries, as kube-apiserver's capManagers: the
     oldest (by time, then name) are merged, per apiVersion, into an ``ancient-changes``
     entry until no more are left over (the first of each version waits for a second)."""
+    if sum(1 for raw in managed if _interpreted(raw) and str(raw.get("operation", "")) != "Apply") \
+            <= MAX_UPDATE_MANAGERS:
+        return managed   # counted without reading every entry's fields (most writes stop here)
     entries = _read_entries({"metadata": {"managedFields": managed}})
     updaters = [e for e in entries if e.operation != "Apply" and e.fields is not None]
-    if len(updaters) <= MAX_UPDATE_MANAGERS:
-        return managed
     gone: set[int] = set()
     buckets: dict[str, dict] = {}   # apiVersion -> the ancient-changes entry's fields and time
     for entry in updaters:
@@ -1349,6 +1355,74 @@ def _keyed(items: list, keys: tuple[str, ...]) -> bool:
     return len(seen) == len(items)
 
 
+def _same_text(a: Any, b: Any) -> bool:
+    """Whether nothing at or under ``a`` and ``b`` differs for :func:`_changed`: equal
+    scalars of one type (as :func:`_json_equal`), or objects or arrays of the same JSON
+    text (same members in the same order, same literals: ``1`` is not ``1.0``, ``true``
+    is not ``1``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (dict, list)):
+        return a == b and json.dumps(a) == json.dumps(b)
+    return bool(a == b)
+
+
+def _unchanged(old: dict, new: dict, prefix: _Path = ()) -> set[_Path]:
+    """The ``f:``-only paths whose value is the same JSON text in ``old`` as in ``new``
+    (the first such along each path): no path through one has changed, since every step
+    of :func:`_locate` from there (a member, a keyed item, a set value) finds the same
+    text in both, and JSON text from a store holds no NaN (the only value not equal to
+    itself).  A write changes a few leaves; comparing whole subtrees (in C) spares the
+    per-leaf :func:`_locate` of every unchanged one."""
+    out: set[_Path] = set()
+    for name, child in new.items():
+        if name not in old:
+            continue
+        was, path = old[name], prefix + (f"f:{name}",)
+        if _same_text(was, child):
+            out.add(path)
+        elif isinstance(was, dict) and isinstance(child, dict):
+            out |= _unchanged(was, child, path)
+    return out
+
+
+def _under(path: _Path, prefixes: Set[_Path]) -> bool:
+    """Whether one of ``prefixes`` (``f:``-only paths) begins ``path``."""
+    for i, element in enumerate(path):
+        if not element.startswith("f:"):
+            return False
+        if path[:i + 1] in prefixes:
+            return True
+    return False
+
+
+def _float_keyed(present: Set[_Path]) -> bool:
+    """Whether an item of ``present`` is keyed by a float (or by what is not read back):
+    the one case where a path of an object may not lead back into it (items keyed ``1``
+    and ``1.0`` are told apart by their paths, but found by their value, ``1``, so the
+    second is not found; :func:`_changed` counts that path changed even when nothing
+    changed, and :func:`_unchanged` would not)."""
+    seen: set[str] = set()
+    for path in present:
+        for element in path:
+            if element.startswith("k:") and element not in seen:
+                seen.add(element)
+                keys = _path_keys(element)
+                if keys is None or any(isinstance(v, float) for v in keys.values()):
+                    return True
+    return False
+
+
+def _written(old: dict | None, new: dict, present: Set[_Path], *, shortcut: bool = True) -> set[_Path]:
+    """The paths of ``present`` (``new``'s) that ``new`` changed or added over ``old``
+    (``shortcut``: skip the subtrees :func:`_unchanged` finds; the same set either way)."""
+    in_old, in_new = _Finder(), _Finder()
+    if old is None or not shortcut or _float_keyed(present):
+        return {p for p in present if _changed(old, new, p, in_old, in_new)}
+    same = _unchanged(old, new)
+    return {p for p in present if not _under(p, same) and _changed(old, new, p, in_old, in_new)}
+
+
 def _changed(old: dict | None, new: dict, path: _Path, in_old: _Finder, in_new: _Finder) -> bool:
     if old is None:
         return True
@@ -1369,8 +1443,7 @@ def record_update(old: dict | None, new: dict, manager: str, kind: str | FieldRu
         return   # the writer sets managedFields as it wants them
     schema = _schema_for(kind)
     present = _written_paths(new, schema, (), top=True)
-    in_old, in_new = _Finder(), _Finder()
-    written = {p for p in present if _changed(old, new, p, in_old, in_new)}
+    written = _written(old, new, present)
     entries = _read_entries(old) if old is not None else []
     mine_key = (manager, "Update", subresource or "")
     previous = next((e for e in entries if e.key == mine_key), None)

@@ -95,7 +95,8 @@ class WatchItem:
     content at this revision (an object that stopped matching), not the stored version;
     ``replaced`` too: the previous content of an object replaced under its name, annotated
     ``kube32.io/replaced-by`` (also for a watcher whose selectors the replacement no
-    longer matches)."""
+    longer matches).  ``kv``: the stored version ``object`` is the decoding of, when it is
+    one (its line is made from those bytes: :func:`encoded`)."""
 
     type: str
     object: Obj | None
@@ -103,6 +104,7 @@ class WatchItem:
     initial: bool = False
     derived: bool = False
     replaced: bool = False
+    kv: KeyValue | None = None
 
 
 async def _turn() -> None:
@@ -141,11 +143,22 @@ def encoded(kv: KeyValue) -> bytes:
     the outer one.  Anything else is decoded and encoded."""
     data = kv.value
     at = data.find(_METADATA)
-    if 0 < at <= _HEAD_SCANNED and data[:1] == b"{" and _depth(data[:at]) == 1:
+    if 0 < at <= _HEAD_SCANNED and data[:1] == b"{" and _outer_only(data[:at]):
         at += len(_METADATA)
         rv = b'"resourceVersion":"%d"' % kv.mod_revision
         return data[:at] + rv + (b"" if data[at:at + 1] == b"}" else b",") + data[at:]
     return json.dumps(decode(kv), separators=(",", ":")).encode()
+
+
+def _outer_only(head: bytes) -> bool:
+    """Whether ``head`` (the start of a JSON text, up to a key) is inside the outer object
+    only: :func:`_depth` is 1.  Said at once (by bytes methods, in C) for the usual head,
+    ``{"apiVersion":"v1","kind":"Pod",``: one bracket, none closed, no escape, its quotes
+    paired; a list of a thousand objects scanned every head byte by byte in Python."""
+    if (head.count(b"{") == 1 and b"[" not in head and b"}" not in head and b"]" not in head
+            and b"\\" not in head and head.count(b'"') % 2 == 0):
+        return True
+    return _depth(head) == 1
 
 
 def _depth(head: bytes) -> int:
@@ -196,8 +209,8 @@ def encode_bounded(res: Resource, obj: Obj) -> bytes:
     if len(data) > MAX_OBJECT:
         raise errors.too_large(f'{res.kind} "{objects.name(obj)}" would be {len(data)} bytes stored, more '
                                f"than the limit of {MAX_OBJECT} bytes for an object")
-    values = jsonshape.shape(data).values
-    if values > MAX_VALUES:
+    if not jsonshape.values_at_most(data, MAX_VALUES):
+        values = jsonshape.shape(data).values
         raise errors.too_large(f'{res.kind} "{objects.name(obj)}" would hold about {values} values, more '
                                f"than the limit of {MAX_VALUES} for an object")
     return data
@@ -306,6 +319,14 @@ class Registry:
         if kv is None:
             raise errors.not_found(res.plural, name, res.group)
         return decode(kv)
+
+    async def get_encoded(self, res: Resource, ns: str | None, name: str) -> bytes:
+        """:meth:`get`'s object as the API answers it in JSON, from the stored bytes
+        (:func:`encoded`: neither decoded nor encoded again)."""
+        kv = await self.store.get(res.key(ns, name))
+        if kv is None:
+            raise errors.not_found(res.plural, name, res.group)
+        return encoded(kv)
 
     async def try_get(self, res: Resource, ns: str | None, name: str) -> Obj | None:
         kv = await self.store.get(res.key(ns, name))
@@ -554,8 +575,16 @@ class Registry:
     async def _write(self, res: Resource, ns: str | None, kv: KeyValue, new: Obj,
                      subresource: str | None, dry_run: bool, manager: str | None = None,
                      big: bool = False, old: Obj | None = None) -> Obj:
-        """Write ``new`` over the stored version ``kv``: its passes (decode, defaults and
-        validation, managedFields, encode) on a worker thread when either is big.  ``old``:
+        """:meth:`_write_kv`'s object."""
+        return (await self._write_kv(res, ns, kv, new, subresource, dry_run, manager, big, old))[0]
+
+    async def _write_kv(self, res: Resource, ns: str | None, kv: KeyValue, new: Obj,
+                        subresource: str | None, dry_run: bool, manager: str | None = None,
+                        big: bool = False, old: Obj | None = None) -> tuple[Obj, KeyValue | None]:
+        """(the object written, the stored version it is the decoding of; None when
+        nothing was stored: a no-op, a dry run, a removal).  Write ``new`` over the stored
+        version ``kv``: its passes (decode, defaults and validation, managedFields, encode)
+        on a worker thread when either is big.  ``old``:
         ``kv`` decoded already by the caller, a private copy nothing changed (not decoded
         again: a fleet's Lease and status patches decoded each stored version twice)."""
         big = big or len(kv.value) > BIG_OBJECT
@@ -566,20 +595,20 @@ class Registry:
         if subresource is None and res.plural in self.admit:
             await self.admit[res.plural](res, new, old)
         if not await _pass(big, self._recorded, res, old, new, subresource, manager):
-            return old  # a no-op write keeps the resourceVersion, as in Kubernetes
+            return old, None  # a no-op write keeps the resourceVersion, as in Kubernetes
         md, omd = new["metadata"], old["metadata"]
         if md.get("deletionTimestamp") and not md.get("finalizers"):
             if not dry_run:
                 await self._remove(res, ns, kv, old)  # the last finalizer went: so does the object
             new["metadata"]["resourceVersion"] = omd["resourceVersion"]
-            return new
+            return new, None
         async with self._claimed(res, new, old, dry_run):
             if dry_run:
                 new["metadata"]["resourceVersion"] = omd["resourceVersion"]
-                return new
+                return new, None
             data = await _pass(big, encode_bounded, res, new)
             out = await self.store.update(kv.key, data, kv.mod_revision)
-        return stored(new, out)
+        return stored(new, out), out
 
     def _updated(self, res: Resource, kv: KeyValue, new: Obj, subresource: str | None,
                  old: Obj | None = None) -> tuple[Obj, Obj]:
@@ -660,12 +689,28 @@ class Registry:
                         objects.name(new), e)
 
     # --- patch --------------------------------------------------------------
-    @_one_write_per_key
     async def patch(self, res: Resource, ns: str | None, name: str, patch_type: str, body: Any, *,
                     subresource: str | None = None, manager: str = "", force: bool = False,
                     dry_run: bool = False, big: bool = False) -> tuple[Obj, bool]:
         """Returns (object, created); only apply patches create.  ``big``: the patch came in a
         body of more than ``BIG_OBJECT`` bytes (its passes run on a worker thread)."""
+        obj, created, _ = await self._patch(res, ns, name, patch_type, body, subresource=subresource,
+                                            manager=manager, force=force, dry_run=dry_run, big=big)
+        return obj, created
+
+    async def patch_encoded(self, res: Resource, ns: str | None, name: str, patch_type: str, body: Any, *,
+                            subresource: str | None = None, manager: str = "", force: bool = False,
+                            dry_run: bool = False, big: bool = False) -> tuple[Obj, bool, bytes | None]:
+        """:meth:`patch`, and the object's JSON as the API answers it when it was stored by
+        this patch (:func:`encoded` of the bytes written: not encoded once more), else None."""
+        obj, created, kv = await self._patch(res, ns, name, patch_type, body, subresource=subresource,
+                                             manager=manager, force=force, dry_run=dry_run, big=big)
+        return obj, created, (encoded(kv) if kv is not None else None)
+
+    @_one_write_per_key
+    async def _patch(self, res: Resource, ns: str | None, name: str, patch_type: str, body: Any, *,
+                     subresource: str | None = None, manager: str = "", force: bool = False,
+                     dry_run: bool = False, big: bool = False) -> tuple[Obj, bool, KeyValue | None]:
         if patch_type not in PATCH_TYPES:
             raise errors.unsupported_media_type(patch_type)
         for _ in range(MAX_RETRIES):
@@ -673,7 +718,7 @@ class Registry:
             if kv is None:
                 if patch_type != PATCH_APPLY or subresource:
                     raise errors.not_found(res.plural, name, res.group)
-                return await self._apply_create(res, ns, name, body, manager, force, dry_run, big), True
+                return await self._apply_create(res, ns, name, body, manager, force, dry_run, big), True, None
             big_write = big or len(kv.value) > BIG_OBJECT
             current = await _pass(big_write, decode, kv)
             new = await _pass(big_write, self.patched, res, current, patch_type, body, manager, force, subresource)
@@ -686,9 +731,10 @@ class Registry:
                 raise errors.conflict(res.plural, name, res.group)
             try:
                 # The patch functions work on a copy: ``current`` is still the stored version.
-                return await self._write(res, ns, kv, new, subresource, dry_run,
-                                         manager if patch_type != PATCH_APPLY else None, big_write,
-                                         old=current), False
+                written, stored_kv = await self._write_kv(res, ns, kv, new, subresource, dry_run,
+                                                          manager if patch_type != PATCH_APPLY else None,
+                                                          big_write, old=current)
+                return written, False, stored_kv
             except Conflict:
                 if wanted_rv:
                     raise errors.conflict(res.plural, name, res.group) from None
@@ -998,7 +1044,7 @@ class Registry:
             if listing is not None:
                 async for item in listing:
                     assert item.object is not None
-                    yield WatchItem("ADDED", item.object, start, initial=True)
+                    yield WatchItem("ADDED", item.object, start, initial=True, kv=item.kv)
                 yield WatchItem(INITIAL_END, None, start)
             async for ev in stream:
                 for seen in self._seen_as(res, ev, labels, fields):
@@ -1067,7 +1113,7 @@ class Registry:
         was = prev is not None and self.matches(res, prev, labels, fields)
         if ev.type == "DELETE":
             if was or (prev is None and self.matches(res, obj, labels, fields)):
-                return [WatchItem("DELETED", obj, ev.revision)]
+                return [WatchItem("DELETED", obj, ev.revision, kv=ev.kv)]
             return [WatchItem(PROGRESS, None, ev.revision)]
         now = self.matches(res, obj, labels, fields)
         replaced = prev is not None and objects.uid(prev) != objects.uid(obj)
@@ -1078,9 +1124,9 @@ class Registry:
             assert prev is not None
             return [WatchItem("DELETED", _replaced(prev, obj, ev.revision - 1), ev.revision - 1,
                               derived=True, replaced=True),
-                    WatchItem("ADDED", obj, ev.revision)]
+                    WatchItem("ADDED", obj, ev.revision, kv=ev.kv)]
         if now:
-            return [WatchItem("MODIFIED" if was else "ADDED", obj, ev.revision)]
+            return [WatchItem("MODIFIED" if was else "ADDED", obj, ev.revision, kv=ev.kv)]
         if was:
             # As Kubernetes' watch cache: the previous content, at this event's
             # revision, so a kubelet sees the uid it ran go away (and, replaced under its

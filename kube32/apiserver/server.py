@@ -66,17 +66,20 @@ async def stream_body(request: web.Request, pieces: AsyncIterator[bytes]) -> web
     piece is awaited before the answer begins, so a refusal (400, 410, 504) is still a
     Status; a failure after that cuts the connection (the client sees a broken body, never
     a short list that parses)."""
-    buffer = bytearray(await anext(pieces))
+    buffer = [await anext(pieces)]
+    size = 0
     resp = web.StreamResponse(headers={"Content-Type": "application/json"})
     resp.enable_chunked_encoding()
     await resp.prepare(request)
     try:
         async for piece in pieces:
-            buffer += piece
-            if len(buffer) >= STREAM_PIECE:
-                await resp.write(bytes(buffer))
+            buffer.append(piece)
+            size += len(piece)
+            if size >= STREAM_PIECE:   # joined once (a bytearray grown piece by piece copied twice)
+                await resp.write(b"".join(buffer))
                 buffer.clear()
-        await resp.write(bytes(buffer))
+                size = 0
+        await resp.write(b"".join(buffer))
         await resp.write_eof()
     except (ConnectionResetError, RuntimeError):
         pass
@@ -440,6 +443,9 @@ class APIServer:
         m = request.method
         assert t.name is not None
         if m == "GET":
+            if not tables.wants_table(request.headers.get("Accept", "")):
+                body = await self.registry.get_encoded(t.res, t.namespace, t.name)
+                return web.Response(body=body, content_type="application/json")
             obj = await self.registry.get(t.res, t.namespace, t.name)
             return self._render_one(request, t.res, obj)
         if m == "PUT":
@@ -452,12 +458,16 @@ class APIServer:
 
     # --- rendering ------------------------------------------------------------
     def _render_one(self, request: web.Request, res: Resource, obj: dict, status: int = 200,
-                    warnings: list[str] | None = None) -> web.Response:
+                    warnings: list[str] | None = None, encoded_obj: bytes | None = None) -> web.Response:
+        """The answer of one object; ``encoded_obj``: its JSON already (the bytes it was
+        stored as, :func:`~.registry.encoded`), sent as it is."""
         headers = {"Warning": ", ".join(f'299 - "{_quoted(w)}"' for w in warnings)} if warnings else None
         if tables.wants_table(request.headers.get("Accept", "")):
             body = tables.table(res, [obj], obj["metadata"].get("resourceVersion", ""),
                                 request.query.get("includeObject", "Metadata"))
             return json_response(body, status, headers)
+        if encoded_obj is not None:
+            return web.Response(body=encoded_obj, status=status, content_type="application/json", headers=headers)
         return json_response(obj, status, headers)
 
     # --- verbs ----------------------------------------------------------------
@@ -577,12 +587,12 @@ class APIServer:
             patched = body if current is None else self.registry.patched(
                 t.res, current, ptype, body, request.query.get("fieldManager", ""), True)
             await authz.check_escalation(self.authorizer, request["user"], t.res.plural, t.namespace, patched)
-        out, created = await self.registry.patch(
+        out, created, answer = await self.registry.patch_encoded(
             t.res, t.namespace, t.name, ptype, body, subresource=t.sub,
             manager=manager, force=query_flag(request.query, "force"),
             dry_run=dry_run, big=bodies.body_size(request) > BIG_OBJECT)
         return self._render_one(request, t.res, out, 201 if created else 200,
-                                warnings + self._spec_warnings(t, out))
+                                warnings + self._spec_warnings(t, out), answer)
 
     @staticmethod
     def _spec_warnings(t: Target, out: dict[str, Any]) -> list[str]:

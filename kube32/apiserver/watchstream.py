@@ -32,10 +32,11 @@ import logging
 from collections import OrderedDict, deque
 from typing import Any, AsyncGenerator, Callable
 
+from ..store import KeyValue
 from ..terms import Annotation
 from ..timing import WATCH_BOOKMARK_INTERVAL
 from . import errors
-from .registry import EVENT_TYPES, INITIAL_END, WatchItem
+from .registry import EVENT_TYPES, INITIAL_END, WatchItem, encoded
 
 log = logging.getLogger("kube32.apiserver.watch")
 
@@ -50,6 +51,12 @@ Obj = dict[str, Any]
 
 def line(etype: str, obj: Obj) -> bytes:
     return json.dumps({"type": etype, "object": obj}, separators=(",", ":")).encode() + b"\n"
+
+
+def stored_line(etype: str, kv: KeyValue) -> bytes:
+    """:func:`line` of the object a stored version decodes to, made from its bytes (it is
+    neither decoded nor encoded again: :func:`~.registry.encoded`)."""
+    return b'{"type":' + json.dumps(etype).encode() + b',"object":' + encoded(kv) + b"}\n"
 
 
 class WatchEncoder:
@@ -68,7 +75,7 @@ class WatchEncoder:
                item.replaced)
         data = self._lines.get(key)
         if data is None:
-            data = self._lines[key] = line(item.type, obj)
+            data = self._lines[key] = stored_line(item.type, item.kv) if item.kv is not None else line(item.type, obj)
             self.encoded += 1
             if len(self._lines) > self._kept:
                 self._lines.popitem(last=False)

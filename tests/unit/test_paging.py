@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import AsyncGenerator
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kube32.apiserver import errors, paging, watchstream
 from kube32.apiserver.registry import INITIAL_END, PROGRESS, WatchItem, decode, encoded
@@ -197,9 +198,27 @@ def test_a_streamed_list_is_json_with_its_metadata_last() -> None:
     b'{"kind":"X","spec":{"template":{"metadata":{"name":"inner"}}},"metadata":{"name":"outer"}}',
     b'{"kind":"a\\"metadata\\":{","metadata":{"labels":{"\\"metadata\\":{":"1"}}}',
     b'{"kind":"X"}',
+    b'{"kind":"a{","metadata":{"name":"b"}}',
+    b'{"kind":"}{","x":"\\\\","metadata":{"name":"b"}}',
+    b'{"kind":"[","metadata":{"name":"b"}}',
+    b'{"x":{"a":"b"},"metadata":{"name":"b"}}',
 ])
 def test_the_stored_bytes_answer_as_the_decoded_object(stored: bytes) -> None:
     kv = KeyValue("/k", stored, 3, 9)
+    assert json.loads(encoded(kv)) == decode(kv)
+
+
+_TEXT = st.text(alphabet='ab{}[]"\\:,m', max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_TEXT, st.one_of(_TEXT, st.dictionaries(_TEXT, _TEXT, max_size=2),
+                                           st.lists(_TEXT, max_size=2))), max_size=4),
+       st.integers(0, 4), st.dictionaries(_TEXT, _TEXT, max_size=2))
+def test_any_stored_head_answers_as_the_decoded_object(before: list, at: int, md: dict) -> None:
+    fields = [(k, v) for k, v in before if k != "metadata"]
+    fields.insert(min(at, len(fields)), ("metadata", md))
+    kv = KeyValue("/k", json.dumps(dict(fields), separators=(",", ":")).encode(), 3, 9)
     assert json.loads(encoded(kv)) == decode(kv)
 
 

@@ -925,3 +925,36 @@ def test_update_managers_are_capped_at_ten_into_ancient_changes() -> None:
     assert len(ancient) == 1
     assert {f"f:k{i}" for i in range(21)} <= set(ancient[0]["fieldsV1"]["f:data"])
     assert [e["manager"] for e in updates if e["manager"] != "ancient-changes"] == [f"m{i}" for i in range(21, 30)]
+
+
+# A plain write's changed leaves, found with and without skipping the subtrees whose JSON
+# text is the same in both versions: the same set (numbers of another type, lists keyed by
+# a merge key, set lists, items added and removed; managedFields are read the same way).
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.sampled_from([0.0, 1.0, 1.5, -0.0]),
+                     st.sampled_from(["a", "b", "1"]))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["a", "b", "name", "c"]), inner, max_size=3)),
+    max_leaves=8)
+_CONTAINERS = st.lists(st.fixed_dictionaries({"name": st.sampled_from(["x", "y", 1, 1.0, True])},
+                                             optional={"image": _SCALARS, "ports": _VALUES}), max_size=3)
+_PODS = st.fixed_dictionaries({"apiVersion": st.just("v1"), "kind": st.just("Pod"),
+                               "metadata": st.fixed_dictionaries({"name": st.just("p")}, optional={
+                                   "labels": st.dictionaries(st.sampled_from(["a", "b"]), _SCALARS, max_size=2),
+                                   "finalizers": st.lists(_SCALARS, max_size=3)}),
+                               "spec": st.fixed_dictionaries({}, optional={"containers": _CONTAINERS, "x": _VALUES}),
+                               "status": _VALUES})
+
+
+@settings(max_examples=300, deadline=None)
+@given(_PODS, _PODS)
+def test_an_update_finds_the_same_changed_leaves_without_walking_unchanged_subtrees(old: Any, new: Any) -> None:
+    from kube32.apiserver import patch as patch_module
+    schema = patch_module._schema_for("Pod")
+    present = patch_module._written_paths(new, schema, (), top=True)
+    assert (patch_module._written(old, new, present)
+            == patch_module._written(old, new, present, shortcut=False))
+    # and on a version that shares most of the old one's text
+    new_spec = {**new, "spec": old["spec"]}
+    present = patch_module._written_paths(new_spec, schema, (), top=True)
+    assert (patch_module._written(old, new_spec, present)
+            == patch_module._written(old, new_spec, present, shortcut=False))
