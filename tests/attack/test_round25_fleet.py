@@ -363,3 +363,243 @@ def test_a_fleet_whose_stdin_is_dev_null_logs_a_traceback(cluster: Cluster, flee
     fleets.append(f.start())
     time.sleep(3)
     assert "Traceback" not in f.text() and " ERROR " not in f.text(), f.text()[-1500:]
+
+
+# ---------------------------------------------------------------- what held
+
+
+def test_fleet_nodes_are_real_kubelets_each_on_its_own_address(cluster: Cluster, fleets: list[Fleet]) -> None:
+    """Did: a fleet `real` of 6 nodes with --pods-per-node 2; looked at every Node, Lease,
+    listening socket, pod IP, log and the pod proxy.
+
+    Expected: issue 25: "each a real kubelet of this product (Lease renewals, node
+    status, heap and MemoryPressure, its own address 127.x.y.z for its kubelet
+    endpoint, pods running on a real engine ...)"; fleets.md: nodes on 127.32.0.1,
+    127.32.0.2, ... (`--first-address`).
+
+    Happened: as documented: each Node Ready with InternalIP its own address, a
+    MemoryPressure condition and kube32.io/free-heap, its Lease renewed, a kubelet
+    listening on its address, its pods Running with that IP, logs and proxy answer.
+    """
+    f = Fleet(cluster, "real", 6, "127.44.0.1", "--pods-per-node", "2", "--image", cluster.image)
+    fleets.append(f.start())
+    pods = [f"{n}-{k}" for n in f.names() for k in (1, 2)]
+    cluster.wait_running(pods)
+    leases_before = {n: cluster.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{n}")[1]["spec"]["renewTime"]
+                     for n in f.names()}
+    for i, name in enumerate(f.names(), start=1):
+        node = cluster.node(name)
+        assert node is not None
+        ips = [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"]
+        assert ips == [f.address(i)], ips
+        conds = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        assert conds["Ready"] == "True" and conds["MemoryPressure"] == "False", conds
+        assert "kube32.io/free-heap" in node["metadata"]["annotations"]
+        port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+        with socket.create_connection((f.address(i), port), timeout=5):
+            pass
+    for p in cluster.pods(labelSelector="kube32.io/fleet-node=real-3"):
+        assert p["status"]["podIP"] == f.address(3), p["status"]
+    assert cluster.counter("real-3-1")["hostname"] == "real-3-1"
+    assert "counter: init" in cluster.kubectl("logs", "real-3-1")
+    time.sleep(7)
+    leases_after = {n: cluster.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{n}")[1]["spec"]["renewTime"]
+                    for n in f.names()}
+    assert all(leases_after[n] > leases_before[n] for n in f.names()), (leases_before, leases_after)
+    cluster.delete_pods(*pods)
+
+
+def test_a_pod_moves_fleet_to_fleet_to_worker_to_fleet_with_its_state(cluster: Cluster, fleets: list[Fleet]) -> None:
+    """Did: a counter pod on a fleet node, 3 requests, then `kube32-cli move` to another
+    fleet node, to the ordinary worker sim-1, back to a fleet node (a request between
+    each).
+
+    Expected: fleets.md: "A pod moves between a fleet node and an ordinary worker, in
+    both directions, with its state."
+
+    Happened: as documented: requests go on counting (4, 5, 6), restored_calls 1, 2, 3,
+    init_calls stays 1; each move ~20 ms from the freeze.
+    """
+    f = Fleet(cluster, "mov", 3, "127.45.0.1", "--pods-per-node", "1", "--image", cluster.image)
+    fleets.append(f.start())
+    cluster.wait_running(["mov-1-1"])
+    for _ in range(3):
+        cluster.counter("mov-1-1")
+    for k, target in enumerate(["mov-2", "sim-1", "mov-3"], start=1):
+        out = subprocess.run([str(BIN / "kube32-cli"), "move", "mov-1-1", "--to", target],
+                             env=cluster.env(), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        s = cluster.counter("mov-1-1")
+        assert (s["requests"], s["restored_calls"], s["init_calls"]) == (3 + k, k, 1), (target, s)
+    cluster.delete_pods("mov-1-1", "mov-2-1", "mov-3-1")
+
+
+def test_one_fleet_nodes_identity_reaches_nothing_of_another_fleet_node(cluster: Cluster, fleets: list[Fleet]) -> None:
+    """Did: joined as node `evilnode` with the bootstrap token (a board's credentials),
+    then, with its token: get/log/proxy/evict/status-patch a fleet node's pod, list
+    pods with field selectors that name both nodes (both orders, repeated fieldSelector,
+    `!=` tricks, a label selector of the other node), get/patch the other node's Lease,
+    patch its Node status, create a Node of another name, renew the other node's
+    credentials, list Checkpoints moving to it, impersonate it, and the other node's
+    kubelet endpoint asked (as admin, through nodes/proxy) for a pod of a third node.
+
+    Expected: security.md, the node authorizer: "pods: get / delete / status ... of pods
+    with spec.nodeName=<n> only; list and watch only with fieldSelector=spec.nodeName=<n>";
+    "leases: only kube-node-lease/<n>"; "a node's own token only its own" credentials.
+
+    Happened: every one 403 or an empty list; the kubelet endpoint answers 404 "not
+    running on node".
+    """
+    f = Fleet(cluster, "auth", 3, "127.46.0.1", "--pods-per-node", "1", "--image", cluster.image)
+    fleets.append(f.start())
+    cluster.wait_running(["auth-2-1", "auth-3-1"])
+    status, cred = join_as(cluster, "evilnode", "127.46.1.1")
+    assert status == 201, cred
+    tok = cred["token"]
+    for path in ["/api/v1/namespaces/default/pods/auth-2-1",
+                 "/api/v1/namespaces/default/pods/auth-2-1/log",
+                 "/api/v1/namespaces/default/pods/auth-2-1/proxy/",
+                 "/api/v1/namespaces/kube-node-lease/leases/auth-2",
+                 "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/auth-2",
+                 "/apis/kube32.io/v1/checkpoints?fieldSelector=status.targetNode%3Dauth-2",
+                 "/api/v1/pods?fieldSelector=spec.nodeName%3Dauth-2",
+                 "/api/v1/nodes/auth-2/proxy/healthz"]:
+        s, body = cluster.get(path, tok)
+        assert s == 403, (path, s, body)
+    for q in ["spec.nodeName%3Devilnode,spec.nodeName%3Dauth-2",
+              "spec.nodeName%3Dauth-2,spec.nodeName%3Devilnode",
+              "spec.nodeName%3Devilnode&fieldSelector=spec.nodeName%3Dauth-2",
+              "spec.nodeName!%3Dauth-2,spec.nodeName%3Devilnode",
+              "spec.nodeName%3Devilnode&labelSelector=kube32.io/fleet-node%3Dauth-2"]:
+        s, body = cluster.get(f"/api/v1/pods?fieldSelector={q}", tok)
+        assert s == 403 or (s == 200 and body["items"] == []), (q, s, body)
+    writes = [("PATCH", "/api/v1/nodes/auth-2/status", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+              ("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "auth-99"}}),
+              ("POST", "/api/v1/namespaces/default/pods/auth-2-1/eviction",
+               {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "auth-2-1"}}),
+              ("POST", "/apis/kube32.io/v1/nodecredentials/auth-2", {"csr": "x"}),
+              ("PATCH", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/auth-2",
+               {"spec": {"holderIdentity": "evilnode"}}),
+              ("PATCH", "/api/v1/namespaces/default/pods/auth-2-1/status", {"status": {"phase": "Failed"}})]
+    for method, path, body in writes:
+        req = urllib.request.Request(cluster.server + path, method=method, data=json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {tok}", "Content-Type":
+                                              "application/merge-patch+json" if method == "PATCH" else "application/json"})
+        try:
+            urllib.request.urlopen(req, context=cluster.ssl(), timeout=15)
+            raise AssertionError(f"{method} {path} was allowed to evilnode")
+        except urllib.error.HTTPError as e:
+            assert e.code == 403, (method, path, e.code, e.read())
+    req = urllib.request.Request(cluster.server + "/api/v1/namespaces/default/pods/auth-2-1", headers={
+        "Authorization": f"Bearer {tok}", "Impersonate-User": "system:node:auth-2", "Impersonate-Group": "system:nodes"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, context=cluster.ssl(), timeout=15)
+    assert e.value.code == 403
+    s, body = cluster.get("/api/v1/nodes/auth-2/proxy/pods/default/auth-3-1/http/")
+    assert s == 404, (s, body)
+    cluster.kubectl("delete", "node", "evilnode", "--ignore-not-found", check=False)
+    cluster.delete_pods("auth-1-1", "auth-2-1", "auth-3-1")
+
+
+def test_a_watch_by_node_name_sees_only_that_nodes_pods_with_bookmarks(cluster: Cluster, fleets: list[Fleet]) -> None:
+    """Did: a fleet `wat` of 4 nodes, 2 pods each; a client's watch of pods with
+    fieldSelector=spec.nodeName=wat-2&allowWatchBookmarks=true; annotated a pod of wat-3
+    and one of wat-2, then moved wat-2-2 to wat-4.
+
+    Expected: issue 25: "watch fan-out by selector"; Kubernetes: a watch by
+    spec.nodeName sees only that node's pods, a pod leaving the node is DELETED for it,
+    and BOOKMARK events come when asked for.
+
+    Happened: as expected: ADDED wat-2-1, wat-2-2, MODIFIED wat-2-1, DELETED wat-2-2 (the
+    move), a BOOKMARK; nothing of wat-3.
+    """
+    f = Fleet(cluster, "wat", 4, "127.47.0.1", "--pods-per-node", "2", "--image", cluster.image)
+    fleets.append(f.start())
+    pods = [f"{n}-{k}" for n in f.names() for k in (1, 2)]
+    cluster.wait_running(pods)
+    events: list[dict[str, Any]] = []
+
+    def watch() -> None:
+        req = urllib.request.Request(
+            cluster.server + "/api/v1/pods?watch=1&fieldSelector=spec.nodeName%3Dwat-2"
+            "&allowWatchBookmarks=true&timeoutSeconds=12", headers={"Authorization": f"Bearer {cluster.token}"})
+        with urllib.request.urlopen(req, context=cluster.ssl(), timeout=30) as r:
+            for line in r:
+                events.append(json.loads(line))
+    t = threading.Thread(target=watch)
+    t.start()
+    time.sleep(1.5)
+    cluster.kubectl("annotate", "pod", "wat-3-1", "poke=1", "--overwrite")
+    cluster.kubectl("annotate", "pod", "wat-2-1", "poke=1", "--overwrite")
+    out = subprocess.run([str(BIN / "kube32-cli"), "move", "wat-2-2", "--to", "wat-4"], env=cluster.env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    t.join(30)
+    seen = [(e["type"], e["object"].get("metadata", {}).get("name")) for e in events]
+    nodes = {e["object"]["spec"]["nodeName"] for e in events if e["type"] != "BOOKMARK"}
+    assert nodes == {"wat-2"}, seen
+    assert ("MODIFIED", "wat-2-1") in seen and ("DELETED", "wat-2-2") in seen, seen
+    assert any(t == "BOOKMARK" for t, _ in seen), seen
+    cluster.delete_pods(*pods)
+
+
+def test_many_fleet_nodes_drained_at_once_keep_every_pods_state(cluster: Cluster, fleets: list[Fleet]) -> None:
+    """Did: a fleet `drn` of 12 nodes, 2 pods each, 2 requests to each pod; `kubectl drain
+    --force` of 6 nodes in one command, and at the same time Eviction-API POSTs (20 in
+    parallel threads) for every pod of 3 more nodes.
+
+    Expected: issue 25: "a drain of 50 nodes (500 pods) through the Eviction API, all
+    state kept"; fleets.md: "a movable pod moves with its state".
+
+    Happened: as expected: every pod of the 9 nodes runs elsewhere with requests 3,
+    restored_calls 1 (kubectl drain of 6 nodes ~7 s).
+    """
+    f = Fleet(cluster, "drn", 12, "127.48.0.1", "--pods-per-node", "2", "--image", cluster.image)
+    fleets.append(f.start())
+    pods = [f"{n}-{k}" for n in f.names() for k in (1, 2)]
+    cluster.wait_running(pods)
+    for p in pods:
+        cluster.counter(p)
+        cluster.counter(p)
+    kubectl_nodes = [f"drn-{i}" for i in range(1, 7)]
+    api_nodes = [f"drn-{i}" for i in range(7, 10)]
+    cluster.kubectl("cordon", *api_nodes)
+    errors: list[str] = []
+
+    def evict(pod: str) -> None:
+        body = json.dumps({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}}).encode()
+        for _ in range(30):
+            req = urllib.request.Request(cluster.server + f"/api/v1/namespaces/default/pods/{pod}/eviction",
+                                         method="POST", data=body, headers={
+                                             "Authorization": f"Bearer {cluster.token}", "Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, context=cluster.ssl(), timeout=30)
+                return
+            except urllib.error.HTTPError as e:
+                if e.code != 429:
+                    errors.append(f"{pod}: {e.code} {e.read()[:200]!r}")
+                    return
+                time.sleep(1)
+        errors.append(f"{pod}: still 429")
+    threads = [threading.Thread(target=evict, args=(f"{n}-{k}",)) for n in api_nodes for k in (1, 2)]
+    for t in threads:
+        t.start()
+    drain = cluster.kubectl("drain", "--force", "--timeout=120s", *kubectl_nodes, timeout=150)
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    moved = [f"{n}-{k}" for n in kubectl_nodes + api_nodes for k in (1, 2)]
+
+    def all_moved() -> bool:
+        where = {p["metadata"]["name"]: (p["spec"].get("nodeName"), p["status"].get("phase")) for p in cluster.pods()}
+        return all(p in where and where[p][0] not in kubectl_nodes + api_nodes and where[p][1] == "Running"
+                   for p in moved)
+    wait_for(all_moved, 60, "every drained pod running elsewhere")
+    lost = {}
+    for p in moved:
+        s = cluster.counter(p)
+        if (s["requests"], s["restored_calls"], s["init_calls"]) != (3, 1, 1):
+            lost[p] = s
+    assert not lost, (lost, drain[-500:])
+    cluster.kubectl("uncordon", *kubectl_nodes, *api_nodes, check=False)
+    cluster.delete_pods(*pods)
