@@ -731,9 +731,13 @@ def test_one_node_killed_and_started_from_the_fleets_stdin(cluster: Cluster, fle
     for _ in range(5):
         cluster.counter("keeper25")
 
+    after = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 1))
+
     def saved() -> bool:
+        # a periodic checkpoint begun after the 5 requests (the first one may predate them)
         s, body = cluster.get("/apis/kube32.io/v1/namespaces/default/checkpoints")
-        return any(c["spec"].get("podName", c["metadata"]["name"]).startswith("keeper25")
+        return any(c["metadata"]["name"].startswith("keeper25")
+                   and c["metadata"]["creationTimestamp"] > after
                    and c.get("status", {}).get("phase") == "Saved" for c in body.get("items", []))
     wait_for(saved, 40, "a periodic checkpoint of keeper25")
     f.command("kill one-2")
