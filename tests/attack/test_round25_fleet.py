@@ -817,14 +817,16 @@ def test_up_with_a_fleet_logs_a_traceback_in_its_fleet_log(tmp_path_factory: pyt
     assert " ERROR " not in fleet_log and "Traceback" not in fleet_log, fleet_log[-1200:]
 
 
-def timed(cluster: Cluster, path: str, n: int) -> list[float]:
-    out = []
+def timed(cluster: Cluster, paths: list[str], n: int) -> list[float]:
+    """The median time of each path's GET, the paths interleaved so load hits them alike."""
+    out: list[list[float]] = [[] for _ in paths]
     for _ in range(n):
-        a = time.perf_counter()
-        s, _ = cluster.get(path)
-        out.append((time.perf_counter() - a) * 1000)
-        assert s == 200
-    return sorted(out)
+        for i, path in enumerate(paths):
+            a = time.perf_counter()
+            s, _ = cluster.get(path)
+            out[i].append((time.perf_counter() - a) * 1000)
+            assert s == 200
+    return [sorted(o)[n // 2] for o in out]
 
 
 def test_a_list_of_one_nodes_pods_costs_what_that_node_holds_not_the_fleet(
@@ -840,23 +842,23 @@ def test_a_list_of_one_nodes_pods_costs_what_that_node_holds_not_the_fleet(
     (100 nodes) "list all / by node 138 / 58 ms", "watch p50 / p99 6 / 24 ms" and the
     issue's goal "watch delivery p99 under 100 ms".
 
-    Happened: see the assertion message: the list of one node's single pod grows with
-    every pod of the cluster (by-node at 330 pods is several times the one at 30 pods,
-    a sizeable share of the list of all pods): it is a scan of every pod, not an index.
+    Happened (load average 5.8 on 2 cores, indicative): interleaved medians of 21: at 30
+    pods by node 24 ms, all 28 ms; at 330 pods by node 87 ms, all 78 ms: the list of one
+    node's single pod costs as much as the list of every pod and grows with the cluster
+    (3.6x for 11x pods): a scan, not an index (benchmarks.md's own rows grow n^1.5). The
+    watch delivery p50/p99 was 30/114 ms at 60 nodes (a first run, load higher: 24/147).
     """
     f = Fleet(cluster, "cst", 30, "127.52.0.1", "--pods-per-node", "1", "--image", cluster.image)
     fleets.append(f.start())
     cluster.wait_running([f"{n}-1" for n in f.names()], 120)
     by_node = "/api/v1/pods?fieldSelector=spec.nodeName%3Dcst-1"
-    small_node = timed(cluster, by_node, 15)[7]
-    small_all = timed(cluster, "/api/v1/pods", 15)[7]
+    small_node, small_all = timed(cluster, [by_node, "/api/v1/pods"], 21)
     g = Fleet(cluster, "cs2", 30, "127.53.0.1", "--pods-per-node", "10", "--image", cluster.image)
     fleets.append(g.start())
     wait_for(lambda: sum(p.get("status", {}).get("phase") == "Running" for p in cluster.pods()) >= 320, 240,
              "330 pods Running")
-    time.sleep(10)
-    big_node = timed(cluster, by_node, 15)[7]
-    big_all = timed(cluster, "/api/v1/pods", 15)[7]
+    time.sleep(20)
+    big_node, big_all = timed(cluster, [by_node, "/api/v1/pods"], 21)
     # watch delivery at rest: a patch's send to its event
     got: dict[str, float] = {}
     sent: dict[str, float] = {}
@@ -888,7 +890,62 @@ def test_a_list_of_one_nodes_pods_costs_what_that_node_holds_not_the_fleet(
     lat = sorted((got[k] - sent[k]) * 1000 for k in sent if k in got)
     p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99) - 1]
     facts = (f"30 pods: by node {small_node:.1f} ms, all {small_all:.1f} ms; 330 pods: by node {big_node:.1f} ms, "
-             f"all {big_all:.1f} ms; watch p50/p99 {p50:.1f}/{p99:.1f} ms over {len(lat)} of 60")
+             f"all {big_all:.1f} ms; watch p50/p99 {p50:.1f}/{p99:.1f} ms over {len(lat)} of 60; "
+             f"load {os.getloadavg()[0]:.2f}")
     print(facts)
+    assert big_node < 2.5 * small_node and big_node < 0.5 * big_all, facts
     assert len(lat) == 60 and p99 < 100, facts
-    assert big_node < 2.5 * small_node, facts
+
+
+def test_a_fleet_killed_while_it_drains_into_itself_loses_no_pod(cluster: Cluster, fleets: list[Fleet]) -> None:
+    """Did: a fleet `kmv` of 8 nodes, 2 pods each (every other node cordoned, so the pods
+    of kmv-1..4 can only move to kmv-5..8 in the same process); `kubectl drain --force`
+    of kmv-1..4 and a SIGKILL of the fleet 1.5 s into it (source and target of every
+    move die together); the same fleet started again at once.
+
+    Expected: moving-pods.md: "The replacement does not run within 60 s (the target
+    hangs, or is lost) ... when the source is not Ready then, the scheduler binds the pod
+    and it restores there"; issue 25: "all state kept", "nothing lost". At least: every
+    pod exists once and runs again, no Checkpoint is left Saving or Moving, and a pod
+    whose move had frozen it keeps its state.
+
+    Happened: see the assertion (if it holds: every pod back, Running).
+    """
+    args = ("--pods-per-node", "2", "--image", cluster.image)
+    f = Fleet(cluster, "kmv", 8, "127.54.0.1", *args)
+    fleets.append(f.start())
+    pods = [f"{n}-{k}" for n in f.names() for k in (1, 2)]
+    cluster.wait_running(pods)
+    for p in pods:
+        cluster.counter(p)
+    others = [n["metadata"]["name"] for n in cluster.get("/api/v1/nodes")[1]["items"]
+              if not n["metadata"]["name"].startswith("kmv-")]
+    cluster.kubectl("cordon", *others)
+    try:
+        drain = subprocess.Popen(["kubectl", "drain", "--force", "--timeout=100s", *f.names()[:4]],
+                                 env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        time.sleep(1.5)
+        f.stop(signal.SIGKILL)
+        g = Fleet(cluster, "kmv", 8, "127.54.0.1", *args)
+        fleets.append(g.start())
+        out = drain.communicate(timeout=150)[0].decode(errors="replace")
+
+        def settled() -> bool:
+            s, body = cluster.get("/apis/kube32.io/v1/namespaces/default/checkpoints")
+            busy = [c for c in body.get("items", []) if c["metadata"]["name"].startswith("kmv-")
+                    and c.get("status", {}).get("phase") in ("Pending", "Saving", "Moving")]
+            return not busy
+        wait_for(settled, 120, "no kmv move under way")
+        time.sleep(5)
+        live = {p["metadata"]["name"]: (p["spec"].get("nodeName"), p["status"].get("phase")) for p in cluster.pods()
+                if p["metadata"]["name"].startswith("kmv-")}
+        s, body = cluster.get("/apis/kube32.io/v1/namespaces/default/checkpoints")
+        ckpts = {c["spec"].get("podName", c["metadata"]["name"]): (c.get("status", {}).get("phase"),
+                                                                     c.get("status", {}).get("message", "")[:120])
+                 for c in body.get("items", []) if c["metadata"]["name"].startswith("kmv-")}
+        missing = [p for p in pods if p not in live or live[p][1] != "Running"]
+        assert not missing, (missing, live, ckpts, out[-800:])
+    finally:
+        cluster.kubectl("uncordon", *others, check=False)
+        cluster.kubectl("uncordon", *f.names(), check=False)
+    cluster.delete_pods(*pods)
