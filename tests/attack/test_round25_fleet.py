@@ -949,3 +949,87 @@ def test_a_fleet_killed_while_it_drains_into_itself_loses_no_pod(cluster: Cluste
         cluster.kubectl("uncordon", *others, check=False)
         cluster.kubectl("uncordon", *f.names(), check=False)
     cluster.delete_pods(*pods)
+
+
+def post(cluster: Cluster, path: str) -> tuple[int, bytes]:
+    req = urllib.request.Request(cluster.server + path, method="POST", data=b"",
+                                 headers={"Authorization": f"Bearer {cluster.token}"})
+    try:
+        with urllib.request.urlopen(req, context=cluster.ssl(), timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_memory_pressure_is_each_fleet_nodes_own(cluster: Cluster, fleets: list[Fleet]) -> None:
+    """Did: a fleet `mem` of 3 nodes with --heap 1Mi --status-interval 2, one counter pod
+    each; grew the linear memory of mem-2's pod (POST /alloc?kb=64 until refused or the
+    node's kube32.io/free-heap fell under 24 KiB).
+
+    Expected: fleets.md: each node owns "its pods, their threads and their heap
+    accounting"; reference.md: "below 24 KiB the node reports MemoryPressure and is
+    tainted node.kubernetes.io/memory-pressure:NoSchedule". So mem-2 alone.
+
+    Happened: see the assertion (if it holds: mem-2 alone reports MemoryPressure and its
+    free heap; mem-1 and mem-3 are untouched).
+    """
+    f = Fleet(cluster, "mem", 3, "127.55.0.1", "--heap", "1Mi", "--status-interval", "2",
+              "--pods-per-node", "1", "--image", cluster.image)
+    fleets.append(f.start())
+    cluster.wait_running([f"{n}-1" for n in f.names()])
+    time.sleep(4)
+
+    def heap(n: str) -> int:
+        node = cluster.node(n)
+        assert node
+        return int(node["metadata"]["annotations"]["kube32.io/free-heap"])
+    before = {n: heap(n) for n in f.names()}
+    for _ in range(40):
+        s, body = post(cluster, "/api/v1/namespaces/default/pods/mem-2-1/proxy/alloc?kb=64")
+        if s != 200:
+            break
+        time.sleep(0.3)
+        if heap("mem-2") < 24 * 1024:
+            break
+    time.sleep(5)
+    after = {n: heap(n) for n in f.names()}
+    conds = {n: {c["type"]: c["status"] for c in (cluster.node(n) or {})["status"]["conditions"]}["MemoryPressure"]
+             for n in f.names()}
+    taints = {n: [t["key"] for t in (cluster.node(n) or {})["spec"].get("taints", [])] for n in f.names()}
+    facts = (before, after, conds, taints)
+    assert conds == {"mem-1": "False", "mem-2": "True", "mem-3": "False"}, facts
+    assert "node.kubernetes.io/memory-pressure" in taints["mem-2"], facts
+    assert abs(after["mem-1"] - before["mem-1"]) < 8192 and abs(after["mem-3"] - before["mem-3"]) < 8192, facts
+    cluster.delete_pods(*[f"{n}-1" for n in f.names()])
+
+
+def test_one_node_drained_from_the_fleets_stdin_moves_its_pods_with_state(
+        cluster: Cluster, fleets: list[Fleet]) -> None:
+    """Did: a fleet `sdr` of 4 nodes, 2 pods each, 2 requests each; `drain sdr-1` on the
+    fleet's stdin; then `start sdr-1`.
+
+    Expected: fleets.md: "`drain NAME` ... it cordons itself and evicts its pods (a
+    movable pod moves with its state), then stops, NotReady"; "`start NAME` ... joins
+    again under the same name and address and undoes its own drain".
+
+    Happened: see the assertion (if it holds: both pods elsewhere with requests 3,
+    restored_calls 1; sdr-1 NotReady, then Ready and schedulable after start).
+    """
+    f = Fleet(cluster, "sdr", 4, "127.56.0.1", "--pods-per-node", "2", "--image", cluster.image)
+    fleets.append(f.start())
+    pods = [f"{n}-{k}" for n in f.names() for k in (1, 2)]
+    cluster.wait_running(pods)
+    for p in ("sdr-1-1", "sdr-1-2"):
+        cluster.counter(p)
+        cluster.counter(p)
+    f.command("drain sdr-1")
+    wait_for(lambda: cluster.ready("sdr-1") == "False", 60, "sdr-1 NotReady after its drain")
+    where = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.pods()}
+    states = {p: cluster.counter(p) for p in ("sdr-1-1", "sdr-1-2")}
+    assert all(where.get(p) not in (None, "sdr-1") for p in states), where
+    assert all((s["requests"], s["restored_calls"]) == (3, 1) for s in states.values()), states
+    f.command("start sdr-1")
+    wait_for(lambda: cluster.ready("sdr-1") == "True", 60, "sdr-1 Ready after start")
+    node = cluster.node("sdr-1") or {}
+    assert not node["spec"].get("unschedulable"), node["spec"]
+    cluster.delete_pods(*pods)
