@@ -909,7 +909,7 @@ def test_a_fleet_killed_while_it_drains_into_itself_loses_no_pod(cluster: Cluste
     pod exists once and runs again, no Checkpoint is left Saving or Moving, and a pod
     whose move had frozen it keeps its state.
 
-    Happened: see the assertion (if it holds: every pod back, Running).
+    Happened: held: every pod back once, Running, no move left under way.
     """
     args = ("--pods-per-node", "2", "--image", cluster.image)
     f = Fleet(cluster, "kmv", 8, "127.54.0.1", *args)
@@ -962,7 +962,7 @@ def post(cluster: Cluster, path: str) -> tuple[int, bytes]:
 
 
 def test_memory_pressure_is_each_fleet_nodes_own(cluster: Cluster, fleets: list[Fleet]) -> None:
-    """Did: a fleet `mem` of 3 nodes with --heap 1Mi --status-interval 2, one counter pod
+    """Did: a fleet `mem` of 3 nodes with --heap 1004Ki (free heap then 64 KiB pages plus under 24 KiB) --status-interval 2, one counter pod
     each; grew the linear memory of mem-2's pod (POST /alloc?kb=64 until refused or the
     node's kube32.io/free-heap fell under 24 KiB).
 
@@ -970,10 +970,10 @@ def test_memory_pressure_is_each_fleet_nodes_own(cluster: Cluster, fleets: list[
     accounting"; reference.md: "below 24 KiB the node reports MemoryPressure and is
     tainted node.kubernetes.io/memory-pressure:NoSchedule". So mem-2 alone.
 
-    Happened: see the assertion (if it holds: mem-2 alone reports MemoryPressure and its
-    free heap; mem-1 and mem-3 are untouched).
+    Happened: held: mem-2 alone reports MemoryPressure and the taint; mem-1 and mem-3
+    keep their free heap to the byte.
     """
-    f = Fleet(cluster, "mem", 3, "127.55.0.1", "--heap", "1Mi", "--status-interval", "2",
+    f = Fleet(cluster, "mem", 3, "127.55.0.1", "--heap", "1004Ki", "--status-interval", "2",
               "--pods-per-node", "1", "--image", cluster.image)
     fleets.append(f.start())
     cluster.wait_running([f"{n}-1" for n in f.names()])
@@ -1012,8 +1012,8 @@ def test_one_node_drained_from_the_fleets_stdin_moves_its_pods_with_state(
     movable pod moves with its state), then stops, NotReady"; "`start NAME` ... joins
     again under the same name and address and undoes its own drain".
 
-    Happened: see the assertion (if it holds: both pods elsewhere with requests 3,
-    restored_calls 1; sdr-1 NotReady, then Ready and schedulable after start).
+    Happened: held: both pods elsewhere with requests 3, restored_calls 1; sdr-1
+    NotReady, then Ready and schedulable after `start`.
     """
     f = Fleet(cluster, "sdr", 4, "127.56.0.1", "--pods-per-node", "2", "--image", cluster.image)
     fleets.append(f.start())
@@ -1033,3 +1033,38 @@ def test_one_node_drained_from_the_fleets_stdin_moves_its_pods_with_state(
     node = cluster.node("sdr-1") or {}
     assert not node["spec"].get("unschedulable"), node["spec"]
     cluster.delete_pods(*pods)
+
+
+def test_a_fleet_node_whose_token_was_replaced_recovers_as_a_worker_does(
+        cluster: Cluster, fleets: list[Fleet]) -> None:
+    """Did: an ordinary `kube32-sim worker --name w25` on 127.57.0.1 and a fleet `tok` of 2
+    nodes; joined again (bootstrap token, CSR) as w25 from 127.57.0.1 and as tok-1 from
+    127.58.0.1, which revokes each one's token; waited 35 s (grace 20 s).
+
+    Expected: reference.md: a fleet node is "a real kubelet as `worker` runs it";
+    security.md: "Joining again ... replaces (revokes) the node's previous token". A
+    fleet node does what a worker does when its token is revoked under it.
+
+    Happened: see the assertion message (Ready of each after 35 s, and each log's 401s).
+    """
+    wlog = Path(tempfile.mkstemp(prefix="attack25-w25-", suffix=".log", dir="/tmp")[1])
+    worker = subprocess.Popen([str(BIN / "kube32-sim"), "worker", "--kubeconfig", str(cluster.dir / "node.kubeconfig"),
+                               "--name", "w25", "--address", "127.57.0.1", "--profile", "devkit",
+                               "--lease-interval", "5", "--data-dir", "/tmp/attack25-w25"],
+                              stdout=open(wlog, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env())
+    try:
+        f = Fleet(cluster, "tok", 2, "127.58.0.1")
+        fleets.append(f.start())
+        wait_for(lambda: cluster.ready("w25") == "True", 90, "w25 Ready")
+        for name, addr in (("w25", "127.57.0.1"), ("tok-1", "127.58.0.1")):
+            status, body = join_as(cluster, name, addr)
+            assert status == 201, body
+        time.sleep(35)
+        ready = {n: cluster.ready(n) for n in ("w25", "tok-1", "tok-2")}
+        facts = (ready, "worker 401s:", wlog.read_text(errors="replace").count("401"),
+                 "fleet 401s:", f.text().count("401"))
+        assert ready["tok-1"] == ready["w25"], facts
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        cluster.kubectl("delete", "node", "w25", "--ignore-not-found", check=False)
