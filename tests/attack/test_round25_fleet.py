@@ -25,6 +25,8 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -492,9 +494,9 @@ def test_one_fleet_nodes_identity_reaches_nothing_of_another_fleet_node(cluster:
             assert e.code == 403, (method, path, e.code, e.read())
     req = urllib.request.Request(cluster.server + "/api/v1/namespaces/default/pods/auth-2-1", headers={
         "Authorization": f"Bearer {tok}", "Impersonate-User": "system:node:auth-2", "Impersonate-Group": "system:nodes"})
-    with pytest.raises(urllib.error.HTTPError) as e:
+    with pytest.raises(urllib.error.HTTPError) as denied:
         urllib.request.urlopen(req, context=cluster.ssl(), timeout=15)
-    assert e.value.code == 403
+    assert denied.value.code == 403
     s, body = cluster.get("/api/v1/nodes/auth-2/proxy/pods/default/auth-3-1/http/")
     assert s == 404, (s, body)
     cluster.kubectl("delete", "node", "evilnode", "--ignore-not-found", check=False)
@@ -1045,7 +1047,11 @@ def test_a_fleet_node_whose_token_was_replaced_recovers_as_a_worker_does(
     security.md: "Joining again ... replaces (revokes) the node's previous token". A
     fleet node does what a worker does when its token is revoked under it.
 
-    Happened: see the assertion message (Ready of each after 35 s, and each log's 401s).
+    Happened: the same for both (so the test passes): neither rejoins; w25 and tok-1
+    stay Ready=Unknown for good, each logging "401 Unauthorized" on every Lease renewal
+    (tok-2 stays Ready). Not a fleet bug, but it is how the fleet takeover above ends,
+    and a board holding the bootstrap token on a node's address takes that node offline
+    for good.
     """
     wlog = Path(tempfile.mkstemp(prefix="attack25-w25-", suffix=".log", dir="/tmp")[1])
     worker = subprocess.Popen([str(BIN / "kube32-sim"), "worker", "--kubeconfig", str(cluster.dir / "node.kubeconfig"),
@@ -1063,6 +1069,7 @@ def test_a_fleet_node_whose_token_was_replaced_recovers_as_a_worker_does(
         ready = {n: cluster.ready(n) for n in ("w25", "tok-1", "tok-2")}
         facts = (ready, "worker 401s:", wlog.read_text(errors="replace").count("401"),
                  "fleet 401s:", f.text().count("401"))
+        print(facts)
         assert ready["tok-1"] == ready["w25"], facts
     finally:
         worker.send_signal(signal.SIGKILL)
