@@ -21,6 +21,7 @@ GROUP_PATH: Final = f"/apis/{GROUP}/{VERSION}"
 # kube-system's Lease the control planes elect their controllers' leader on (written by
 # the control planes' own identity, system:kube-apiserver, alone).
 CONTROLLER_MANAGER_LEASE: Final = "kube32-controller-manager"
+NODE_LEASE_NAMESPACE: Final = "kube-node-lease"   # each node's Lease, named as the node
 # An image in the control plane's module store: this prefix and the module's sha256 (hex).
 IMAGE_REFERENCE_PREFIX: Final = "kube32.io/wasm-sha256:"
 

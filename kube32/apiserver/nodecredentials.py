@@ -25,17 +25,31 @@ the node itself).  Hence:
 * a Node that exists with an ``InternalIP`` is joined or renewed only from that
   address: credentials for a node at 127.0.0.3 are not handed to a request from
   127.0.0.2, whoever's token it carries (to move a node, delete its Node first).
+
+A node held by a running kubelet is not joined again with the bootstrap token (409):
+its Lease renewed within its duration and its kubelet endpoint taking connections.  A
+second ``kube32-sim fleet`` of the same names would otherwise take the nodes over, its
+kubelets start every pod afresh (their state gone with no move), and the first
+kubelets' tokens revoked.  A kubelet restarted after a crash joins at once (its old
+endpoint takes no connection), and one that stopped renewing its Lease is no holder.
+The node itself (rotating) and ``system:masters`` are not asked.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import re
 from pathlib import Path
 
 from aiohttp import web
 
-from ..terms import API_VERSION, GROUP, GROUP_PATH
+from .. import objects
+from ..terms import API_VERSION, GROUP, GROUP_PATH, NODE_LEASE_NAMESPACE
 from . import bodies, errors, pki
+from .auth import User
+from .proxy import kubelet_endpoint
+from .rbac import BOOTSTRAP_GROUP
 from .resources import by_plural
 from .auth import TokenAuthenticator
 from .nodetokens import NodeTokens
@@ -45,6 +59,7 @@ from .strategy import get_path
 
 PATH = GROUP_PATH + "/nodecredentials/{name}"
 MAX_BODY = 16 << 10
+HOLDER_PROBE_TIMEOUT = 1.0   # a kubelet that takes no connection within this is no holder
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -78,6 +93,43 @@ async def _check_registered_address(registry: Registry, node: str, address: str 
             f"{address or 'a Unix socket'}); to join it from elsewhere, delete the Node first")
 
 
+async def _check_not_held(registry: Registry, node: str) -> None:
+    """A 409 when ``node`` is held by a running kubelet: its Lease renewed within its
+    duration and its registered kubelet endpoint taking connections."""
+    lease = await registry.try_get(by_plural("leases"), NODE_LEASE_NAMESPACE, node)
+    obj = await registry.try_get(by_plural("nodes"), None, node)
+    if lease is None or obj is None:
+        return
+    renewed = objects.parse_time(get_path(lease, "spec", "renewTime"))
+    duration = get_path(lease, "spec", "leaseDurationSeconds", default=40)
+    if renewed is None or not isinstance(duration, int):
+        return
+    age = (objects.now() - renewed).total_seconds()
+    if age > duration:
+        return
+    try:
+        ep = kubelet_endpoint(obj)
+    except errors.APIError:
+        return
+    if not await _accepts_connections(ep.host, ep.port):
+        return
+    raise errors.conflict("nodecredentials", node, GROUP, why=(
+        f'node "{node}" is held by a running kubelet: its Lease was renewed {max(age, 0):.0f} s ago and its '
+        f"kubelet endpoint {ep.host}:{ep.port} takes connections; stop that kubelet first (or wait until its "
+        f"Lease is {duration} s old), or join under another name"))
+
+
+async def _accepts_connections(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), HOLDER_PROBE_TIMEOUT)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
 def add_routes(router: web.UrlDispatcher, registry: Registry, auth: TokenAuthenticator, node_tokens: NodeTokens,
                pki_dir: Path | None) -> None:
     """``pki_dir``: the cluster CA that signs kubelet certificates (None: tokens only)."""
@@ -94,6 +146,9 @@ def add_routes(router: web.UrlDispatcher, registry: Registry, auth: TokenAuthent
         csr = body.get("csr")
         address = peer_address(request)
         await _check_registered_address(registry, node, address)
+        user: User = request["user"]
+        if BOOTSTRAP_GROUP in user.groups:
+            await _check_not_held(registry, node)
         cert = ""
         ca = ""
         if csr:

@@ -185,3 +185,35 @@ def test_a_killed_fleet_node_turns_unknown_loses_its_pod_and_joins_again(fleet) 
     proc.command("start fleet-4", "fleet: fleet-4 started")
     wait_for(lambda: ready(nodes(cp)["fleet-4"]) == "True", 30, what="fleet-4 Ready again")
     assert sum(ready(n) == "True" for k, n in nodes(cp).items() if k.startswith("fleet-")) == NODES
+
+
+def test_a_second_fleet_of_the_same_names_is_refused_and_takes_nothing(fleet, tmp_path: Path) -> None:
+    """Round 25's attack: the same ``kube32-sim fleet`` command started twice took over the
+    running fleet's nodes (each pod started afresh, its state gone, the first fleet's tokens
+    revoked).  A node held by a running kubelet is not joined again: the second fleet's
+    joins are refused with the cause, and the first fleet's nodes, endpoints and pods stay."""
+    cp, _ = fleet
+    wait_for(lambda: running_on(cp, "fleet-5-1") == "fleet-5", 60, what="fleet-5-1 running")
+    counter(cp, "fleet-5-1")
+    before = counter(cp, "fleet-5-1")
+    endpoint = nodes(cp)["fleet-5"]["status"]["daemonEndpoints"]
+    log = tmp_path / "second.log"
+    with open(log, "wb") as f:
+        second = subprocess.Popen(
+            sim_command("fleet", "--kubeconfig", str(cp.data_dir / "node.kubeconfig"), "--nodes", "6",
+                        "--data-dir", str(tmp_path / "second"),
+                        "--interp-mops", "5", "--backoff", "1", "--lease-interval", "1"),
+            stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_for(lambda: "held by a running kubelet" in log.read_text(errors="replace") or second.poll() is not None,
+                 60, what="the second fleet's joins refused")
+        text = log.read_text(errors="replace")
+        assert 'node "fleet-5" is held by a running kubelet' in text, text[-3000:]
+        assert "fleet ready" not in text, text[-3000:]
+    finally:
+        FleetProc(second, log).stop()
+    node = nodes(cp)["fleet-5"]
+    assert ready(node) == "True" and node["status"]["daemonEndpoints"] == endpoint
+    after = counter(cp, "fleet-5-1")
+    assert after["requests"] == before["requests"] + 1 and after["init_calls"] == before["init_calls"]
