@@ -35,8 +35,11 @@ reason is counted for the FailedScheduling message, as Kubernetes' FitError):
 
 Score (lowest wins): pods of the same owner (or, ownerless, with the same
 labels) already on the node, then the fraction of allocatable memory
-requested, then the node name, so a Deployment of 3 spreads over 3 nodes and
-the choice is deterministic.
+requested, then the fraction of its pod slots in use, then the node name, so a
+Deployment of 3 spreads over 3 nodes, pods that request nothing spread over idle
+nodes (Kubernetes' LeastAllocated counts such pods with its default non-zero
+requests; round 25 found every such pod, and a drain's, on the first node by name),
+and the choice is deterministic.
 
 Invariants: a pod is bound only through ``pods/<name>/binding`` (the API server
 refuses a second binding); a pod the scheduler bound is counted on its node
@@ -158,6 +161,12 @@ def _memory_fraction(node: Obj, usage: NodeUsage | None) -> Fraction:
     return used / alloc if alloc > 0 else Fraction(0)
 
 
+def _pods_fraction(node: Obj, usage: NodeUsage | None) -> Fraction:
+    slots = node_allocatable(node).get("pods", Fraction(0))
+    used = len(usage.pods) if usage else 0
+    return Fraction(used) / slots if slots > 0 else Fraction(used)
+
+
 def fit_error(total: int, reasons: dict[str, int]) -> str:
     """Kubernetes' FitError text: "0/3 nodes are available: 1 node(s) were unschedulable,
     2 Insufficient memory." (count-prefixed reasons, sorted)."""
@@ -184,7 +193,7 @@ def pick_node_by(pod: Obj, nodes: list[Obj], usage_of: Callable[[str], NodeUsage
     """:func:`pick_node` with each node's usage from ``usage_of`` (the pod itself not
     counted): O(nodes), whatever the number of pods (:class:`PodsByNode`)."""
     reasons: dict[str, int] = {}
-    fits: list[tuple[int, Fraction, str]] = []
+    fits: list[tuple[int, Fraction, Fraction, str]] = []
     for node in nodes:
         name = objects.name(node)
         usage = None
@@ -197,10 +206,10 @@ def pick_node_by(pod: Obj, nodes: list[Obj], usage_of: Callable[[str], NodeUsage
             for r in why:
                 reasons[r] = reasons.get(r, 0) + 1
             continue
-        fits.append((_siblings(pod, usage), _memory_fraction(node, usage), name))
+        fits.append((_siblings(pod, usage), _memory_fraction(node, usage), _pods_fraction(node, usage), name))
     if not fits:
         return None, fit_error(len(nodes), reasons)
-    best = min(fits)[2]
+    best = min(fits)[-1]
     ns = objects.namespace(pod) or "default"
     return best, f"Successfully assigned {ns}/{objects.name(pod)} to {best}"
 

@@ -68,6 +68,22 @@ def test_least_requested_memory_breaks_ties() -> None:
     assert pick_node(pod("new", memory="64Ki", labels={"app": "y"}), nodes, busy)[0] == "b"
 
 
+def test_pods_that_request_nothing_spread_over_idle_nodes() -> None:
+    """Round 25: eight ownerless, label-less pods without requests all went to the first
+    node by name; the fraction of pod slots in use breaks the tie, as Kubernetes' default
+    non-zero requests do, and a node with more slots takes more."""
+    nodes = [node(f"n-{i}", pods=16) for i in range(1, 9)] + [node("big", pods=32)]
+    placed: list[dict] = []
+    for i in range(18):
+        p = pod(f"p-{i}")
+        chosen, _ = pick_node(p, nodes, placed)
+        placed.append({**p, "spec": {**p["spec"], "nodeName": chosen}})
+    counts = {n["metadata"]["name"]: sum(p["spec"]["nodeName"] == n["metadata"]["name"] for p in placed)
+              for n in nodes}
+    # By the share of slots in use: the 32-slot node about twice as many as each 16-slot one.
+    assert all(counts[f"n-{i}"] in (1, 2) for i in range(1, 9)) and counts["big"] == 3, counts
+
+
 def test_reasons_are_counted_per_node_as_kubernetes_prints_them() -> None:
     nodes = [node("a", unschedulable=True), node("b", memory="64Ki"), node("c", memory="64Ki")]
     chosen, msg = pick_node(pod("big", memory="128Ki"), nodes, [])
