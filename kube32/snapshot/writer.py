@@ -1,9 +1,12 @@
 """SnapshotWriter: streams a K32S v1 snapshot without a second memory buffer.
 
 Design:
-- The small parts (header, GLOBALS, one TABLE per table, CHANNELS, EVENTS) are
-  encoded up front into small buffers, so `total_size` is known before the
-  first byte goes out (Content-Length).
+- The small parts (header, GLOBALS, one TABLE per table, CHANNELS, EVENTS, and
+  the memory section's head) are encoded up front into one small buffer, so
+  `total_size` is known before the first byte goes out (Content-Length), and
+  they go out as one write: one syscall, one TLS record, where a piece each
+  cost a record and a send each (and, on a socket with Nagle's algorithm, a
+  wait for the first one's ACK).
 - The memory section follows them and comes last: a reader can then judge
   every small part before it touches the destination memory.
 - Memory goes out as slices (1 MiB) of the caller's buffer, a memoryview over
@@ -90,14 +93,21 @@ class SnapshotWriter:
         _check_state(state, len(view))
         self.state = state
         self._memory = view[: state.memory_bytes]
-        self._small = self._encode_small_sections(state)
+        small = self._encode_small_sections(state)
         self.header = Header(
             version=VERSION, flags=0, image_sha256=bytes(state.image_sha256),
             memory_bytes=state.memory_bytes, memory_pages=state.memory_pages,
             pod_time_ms=state.pod_time_ms, unix_time_ms=state.unix_time_ms,
-            section_count=len(self._small) + 1,
+            section_count=len(small) + 1,
         )
-        self.total_size: int = _total_size(self._small, state.memory_bytes)
+        self.total_size: int = _total_size(small, state.memory_bytes)
+        # Everything before the memory, in order, in one buffer that is never written
+        # again (so the hash may read it late): the first piece of the stream.
+        prefix = bytearray(encode_header(self.header))
+        for part in small:
+            prefix += part
+        prefix += section_head(SECTION_MEMORY, state.memory_bytes)
+        self._prefix = prefix
         self.sha256: bytes | None = None  # the trailer, once written
 
     @staticmethod
@@ -124,9 +134,7 @@ class SnapshotWriter:
             pass
 
     def _body(self) -> Iterator[memoryview]:
-        head = encode_header(self.header)
-        for part in (head, *self._small, section_head(SECTION_MEMORY, self.state.memory_bytes)):
-            yield memoryview(part)
+        yield memoryview(self._prefix)
         for offset in range(0, len(self._memory), WRITE_CHUNK):
             yield self._memory[offset: offset + WRITE_CHUNK]
 
