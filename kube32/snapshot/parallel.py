@@ -12,6 +12,12 @@ while the socket moves the next piece.
   update goes, in order, to one worker thread (a one-thread executor keeps the
   order).  `digest()` waits for the worker; `settled()` is the same for an
   event loop, which must not block on it.
+- Once the worker runs, small inputs (a reader's 32-byte tail before each MiB of
+  memory, a section head) wait in one small buffer and go to the worker with
+  the next large input, in the same hand-over: each hand-over wakes the worker,
+  which then takes the GIL from the streaming thread, and for a few bytes that
+  costs more than the hash.  The buffer goes on its own once it reaches
+  `PARALLEL_MIN`, and at `digest()`/`settled()`.
 - Invariant: a piece handed over with ``stable=True`` is never written again
   (the destination memory of a restore, the caller's frozen memory, a `bytes`
   object); any other piece is copied first, since its buffer may be reused.
@@ -50,6 +56,7 @@ class HashBehind:
         self._hash = hashlib.sha256()
         self._executor: ThreadPoolExecutor | None = None
         self._last: Future | None = None
+        self._pending = bytearray()  # small inputs not yet handed to the worker, in order
 
     def update(self, data: bytes | bytearray | memoryview, *, stable: bool = False) -> None:
         if self._executor is None:
@@ -57,17 +64,38 @@ class HashBehind:
                 self._hash.update(data)
                 return
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k32s-hash")
+        if len(data) < PARALLEL_MIN:
+            self._pending += data  # a copy: the caller may reuse its buffer
+            if len(self._pending) >= PARALLEL_MIN:
+                self._hand_over(None)
+            return
         if not stable and not isinstance(data, bytes):
             data = bytes(data)
-        self._last = self._executor.submit(self._hash.update, data)
+        self._hand_over(data)
+
+    def _hand_over(self, data: bytes | bytearray | memoryview | None) -> None:
+        """The pending small inputs, then `data`, to the worker in one job."""
+        assert self._executor is not None
+        pending, self._pending = self._pending, bytearray()
+        self._last = self._executor.submit(self._hash_in_order, pending, data)
+
+    def _hash_in_order(self, pending: bytearray, data: bytes | bytearray | memoryview | None) -> None:
+        if pending:
+            self._hash.update(pending)
+        if data is not None:
+            self._hash.update(data)
 
     def digest(self) -> bytes:
+        if self._pending:
+            self._hand_over(None)
         if self._last is not None:
             self._last.result()
         return self._hash.digest()
 
     async def settled(self) -> None:
         """Wait, without blocking the event loop, until every update is hashed."""
+        if self._pending:
+            self._hand_over(None)
         last = self._last
         if last is not None and not last.done():
             await asyncio.wrap_future(last)

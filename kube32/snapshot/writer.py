@@ -1,15 +1,23 @@
 """SnapshotWriter: streams a K32S v1 snapshot without a second memory buffer.
 
 Design:
-- The small parts (header, GLOBALS, one TABLE per table, CHANNELS, EVENTS) are
-  encoded up front into small buffers, so `total_size` is known before the
-  first byte goes out (Content-Length).
+- The small parts (header, GLOBALS, one TABLE per table, CHANNELS, EVENTS, and
+  the memory section's head) are encoded up front into one small buffer, so
+  `total_size` is known before the first byte goes out (Content-Length), and
+  they go out as one write: one syscall, one TLS record, where a piece each
+  cost a record and a send each (and, on a socket with Nagle's algorithm, a
+  wait for the first one's ACK).
 - The memory section follows them and comes last: a reader can then judge
   every small part before it touches the destination memory.
 - Memory goes out as slices (1 MiB) of the caller's buffer, a memoryview over
-  Wasm linear memory: never copied.  Each slice is handed to the hash as it
-  is handed out; for a large memory the hash runs on a thread of its own
-  (`parallel.HashBehind`), so hashing and the socket progress side by side.
+  Wasm linear memory: never copied.  The hash reads the same buffer in place,
+  8 MiB at a time, each step handed over as its first slice goes out; for a
+  large memory it runs on a thread of its own (`parallel.HashBehind`), so
+  hashing and the socket progress side by side.  Steps of 8 MiB, not a hand-over
+  per slice: each hand-over wakes the hash thread and trades the GIL with the
+  sending one (py-spy and bench_snapshot's CPU: 6 ms per 64 MiB above the
+  floor with a hand-over per MiB, 1.5 ms with one per 8 MiB), and a send that
+  breaks leaves at most a step's hashing behind it.
 - Sections appear in a fixed order (GLOBALS, TABLEs by position, CHANNELS,
   EVENTS, MEMORY; empty GLOBALS/CHANNELS/EVENTS omitted), which makes the
   encoding canonical: a snapshot read and written again is byte-identical.
@@ -31,6 +39,7 @@ from .format import (
 )
 
 WRITE_CHUNK = 1 << 20
+HASH_STEP = 8 << 20  # memory goes to the hash 8 MiB at a time: fewer hand-overs, a lag bounded when a send breaks
 ASYNC_WRITE = 256 << 10  # an event loop's TLS encrypts and sends each write whole: smaller ones stay cache-warm
 
 _U32_MAX = 0xFFFFFFFF
@@ -90,14 +99,21 @@ class SnapshotWriter:
         _check_state(state, len(view))
         self.state = state
         self._memory = view[: state.memory_bytes]
-        self._small = self._encode_small_sections(state)
+        small = self._encode_small_sections(state)
         self.header = Header(
             version=VERSION, flags=0, image_sha256=bytes(state.image_sha256),
             memory_bytes=state.memory_bytes, memory_pages=state.memory_pages,
             pod_time_ms=state.pod_time_ms, unix_time_ms=state.unix_time_ms,
-            section_count=len(self._small) + 1,
+            section_count=len(small) + 1,
         )
-        self.total_size: int = _total_size(self._small, state.memory_bytes)
+        self.total_size: int = _total_size(small, state.memory_bytes)
+        # Everything before the memory, in order, in one buffer that is never written
+        # again (so the hash may read it late): the first piece of the stream.
+        prefix = bytearray(encode_header(self.header))
+        for part in small:
+            prefix += part
+        prefix += section_head(SECTION_MEMORY, state.memory_bytes)
+        self._prefix = prefix
         self.sha256: bytes | None = None  # the trailer, once written
 
     @staticmethod
@@ -124,9 +140,7 @@ class SnapshotWriter:
             pass
 
     def _body(self) -> Iterator[memoryview]:
-        head = encode_header(self.header)
-        for part in (head, *self._small, section_head(SECTION_MEMORY, self.state.memory_bytes)):
-            yield memoryview(part)
+        yield memoryview(self._prefix)
         for offset in range(0, len(self._memory), WRITE_CHUNK):
             yield self._memory[offset: offset + WRITE_CHUNK]
 
@@ -143,9 +157,9 @@ class SnapshotWriter:
 
     def pieces(self) -> Iterator[memoryview]:
         """The snapshot in order, trailer last.  Memory pieces are slices of
-        the caller's buffer; each goes to the hash as it is yielded (unless
-        :meth:`digest` already did), so the hash may lag behind the output
-        until the trailer."""
+        the caller's buffer; the hash gets them in steps of HASH_STEP as the first
+        piece of each is yielded (unless :meth:`digest` already did), so it may
+        lag behind the output until the trailer."""
         if self.sha256 is not None:
             yield from self._body()
             yield memoryview(self.sha256)
@@ -159,9 +173,16 @@ class SnapshotWriter:
         yield memoryview(self.sha256)
 
     def _hashed_body(self, h: HashBehind) -> Iterator[memoryview]:
-        for piece in self._body():
-            h.update(piece, stable=True)  # header bytes, frozen memory: never rewritten
-            yield piece
+        # Header bytes and frozen memory are never rewritten: the hash reads them in
+        # place, in steps of HASH_STEP handed over as the first piece of each goes out.
+        prefix = memoryview(self._prefix)
+        h.update(prefix, stable=True)
+        yield prefix
+        memory = self._memory
+        for offset in range(0, len(memory), WRITE_CHUNK):
+            if offset % HASH_STEP == 0:
+                h.update(memory[offset: offset + HASH_STEP], stable=True)
+            yield memory[offset: offset + WRITE_CHUNK]
 
     def write_to(self, out: Any) -> bytes:
         """Blocking: `out` has sendall() (socket) or write() (file).  Returns the trailer."""

@@ -40,6 +40,39 @@ def test_hash_behind_equals_hashlib_whatever_the_pieces():
     h.close()
 
 
+def test_small_inputs_behind_a_large_one_go_with_the_next_hand_over():
+    """A reader's 32-byte tail before each MiB of memory must not wake the worker on its own."""
+    h = HashBehind()
+    jobs = []
+    h.update(memory(MiB), stable=True)  # starts the worker
+    submit = h._executor.submit
+    h._executor.submit = lambda *a: jobs.append(1) or submit(*a)  # type: ignore[union-attr]
+    tail = bytearray(b"t" * 32)
+    pieces: list[bytes] = []
+    for i in range(4):
+        h.update(tail)
+        pieces.append(bytes(tail))
+        tail[:] = bytes([i]) * 32  # reused at once: the pending copy must not see it
+        piece = memory(MiB + i)
+        h.update(piece, stable=True)
+        pieces.append(bytes(piece))
+    h.update(b"end")
+    assert len(jobs) == 4  # one hand-over per large input, the small ones with it
+    assert h.digest() == hashlib.sha256(bytes(memory(MiB)) + b"".join(pieces) + b"end").digest()
+    h.close()
+
+
+def test_small_inputs_go_on_their_own_once_they_add_up():
+    h = HashBehind()
+    h.update(memory(MiB), stable=True)
+    small = [bytes([i % 256]) * 1000 for i in range(600)]  # 600,000 bytes: above PARALLEL_MIN twice
+    for piece in small:
+        h.update(piece)
+    assert len(h._pending) < parallel.PARALLEL_MIN
+    assert h.digest() == hashlib.sha256(bytes(memory(MiB)) + b"".join(small)).digest()
+    h.close()
+
+
 def test_hash_behind_copies_what_the_caller_may_reuse():
     scratch = bytearray(b"x" * MiB)
     h = HashBehind()
