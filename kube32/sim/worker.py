@@ -17,6 +17,7 @@ from pathlib import Path
 from ..client import Client
 from ..kubelet import Kubelet, KubeletOptions
 from ..kubelet.drain import drain_self
+from ..kubelet.nodewatch import NodeWatch
 from ..testing import WORKER_FAULTS
 from ..quantity import parse_bytes
 from ..wasm import ENGINES, Runtime, engine_class
@@ -81,12 +82,13 @@ def node_client(kubeconfig: Path, server: str | None, name: str) -> Client:
     return client
 
 
-async def start_node(client: Client, opts: KubeletOptions, runtime: Runtime | None = None) -> Kubelet:
+async def start_node(client: Client, opts: KubeletOptions, runtime: Runtime | None = None,
+                     node_watch: NodeWatch | None = None) -> Kubelet:
     """One kubelet joined and started on ``client`` (which carries the node's own token
     from then on); the one path every simulated node takes: a worker, the control
-    plane's node, each node of a fleet (``runtime``: the fleet's shared one).  The client
-    is closed when the node cannot start."""
-    kubelet = Kubelet(client, opts, runtime)
+    plane's node, each node of a fleet (``runtime``, ``node_watch``: the fleet's shared
+    ones).  The client is closed when the node cannot start."""
+    kubelet = Kubelet(client, opts, runtime, node_watch)
     try:
         await kubelet.start()
     except BaseException:
