@@ -36,7 +36,8 @@ Design and invariants:
   ``kill NAME`` (as SIGKILL does to a worker: nothing more is written, its Lease just
   stops, its endpoint closes), ``drain NAME`` (as SIGTERM does to a worker: it drains
   itself, then stops), ``start NAME`` (starts it again, under the same name and
-  address), ``list``.  Each answer is one line starting with ``fleet:``.
+  address), ``list``, ``watching`` (the node whose credentials watch the Nodes).  Each
+  answer is one line starting with ``fleet:``.
 * SIGINT/SIGTERM stop every node without a drain (a fleet-wide drain would only move
   every pod onto nodes that are stopping too): pods stop, each Node is marked NotReady.
 * ``--pods-per-node K`` creates K pods of ``--image`` on each node once it is Ready
@@ -195,6 +196,8 @@ class Fleet:
         try:
             if verb == "list" and not rest:
                 return "fleet: running " + (" ".join(sorted(self.nodes)) or "(none)")
+            if verb == "watching" and not rest:
+                return f"fleet: Nodes watched as {self.watching_as or '(none)'}"
             if verb in ("kill", "drain", "start") and len(rest) == 1:
                 name = rest[0]
                 if name not in self.options:
@@ -209,7 +212,8 @@ class Fleet:
                 return f"fleet: {name} started"
         except (ValueError, ApiError, OSError) as e:
             return f"fleet: error: {verb} {' '.join(rest)}: {e}"
-        return f"fleet: error: unknown command {line.strip()[:80]!r} (kill NAME, drain NAME, start NAME, list)"
+        return (f"fleet: error: unknown command {line.strip()[:80]!r} "
+                "(kill NAME, drain NAME, start NAME, list, watching)")
 
 
 async def create_pods(client: Client, nodes: list[str], per_node: int, image: str) -> int:
