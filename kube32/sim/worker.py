@@ -41,7 +41,9 @@ def add_node_flags(p: argparse.ArgumentParser, *, default_profile: str, port_fla
     p.add_argument("--interp-mops", type=float,
                    help="interpreter speed to report instead of measuring it on the engine")
     p.add_argument("--lease-interval", type=float, default=10.0, help="seconds between Lease renewals")
-    p.add_argument("--status-interval", type=float, default=10.0, help="seconds between node status reports")
+    p.add_argument("--status-interval", type=float, default=10.0,
+                   help="seconds between two comparisons of the node's status with the server's Node "
+                        "(written when they differ, else every 5 minutes)")
     p.add_argument("--backoff", type=float, default=10.0, help="first restart back-off in seconds (doubles to 300)")
     p.add_argument("--kubelet-insecure-http", action="store_true",
                    help="serve the kubelet endpoint over plain HTTP instead of TLS (debugging only)")
