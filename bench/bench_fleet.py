@@ -16,7 +16,9 @@ elsewhere, restored from its checkpoint); the drain of ``--drain`` nodes through
 Eviction API (until every pod is Ready elsewhere, its state kept).  The loss and drain
 are sized down to what the other boards can hold (:meth:`Plan.sized`: a devkit holds 16
 pods).  ``--profile`` records the control plane with py-spy at the largest size at rest,
-during the loss and during the drain (``--profile-out``: texts of the hottest functions).
+during the watch probes, during the loss and during the drain (``--profile-out``: texts of
+the hottest functions); the control plane's event-loop stalls it logged (kube32.stalls:
+over 250 ms, with the garbage collections in them) are kept with the figures.
 
 The small sizes (the defaults: what ``make bench`` runs) add their section to the report;
 100 nodes or more (``make bench-fleet``) replace theirs in docs/benchmarks.md in place,
@@ -177,7 +179,9 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         if plan.trace is not None:
             await _trace(plan.trace, {"control-plane": cp, "fleet": fleet}, n)
         probe = f"{nodes[0]}-1" if plan.pods_per_node else None
-        out["watch_ms"] = await watch_delivery(api, probe, plan.probes)
+        async with _profiling(cp.pid, profile_out, "probes"):
+            out["watch_ms"] = await watch_delivery(api, probe, plan.probes)
+        out["stalls_at_rest"] = _stalls(tmp / "control-plane.log")
         out["list_ms"] = await list_times(api, nodes[0])
         print(f"  at rest: {json.dumps(out)}", flush=True)
         if drain and lose:   # the pods of the lost nodes go elsewhere than the nodes to drain
@@ -188,6 +192,7 @@ async def one_size(n: int, plan: Plan, profile_out: Path | None) -> dict[str, An
         if drain:
             async with _profiling(cp.pid, profile_out, "drain"):
                 out["drain"] = await drain_nodes(api, nodes[:drain])
+        out["stalls"] = _stalls(tmp / "control-plane.log")
         print(f"  {n} nodes: {json.dumps(out)}", flush=True)
         return out
     finally:
@@ -237,6 +242,7 @@ async def _profiling(pid: int, out: Path | None, phase: str) -> AsyncIterator[No
     p = await asyncio.create_subprocess_exec(_spy(), "record", "--pid", str(pid), "--duration", "900",
                                              "--rate", "50", "--format", "raw", "--output", str(raw),
                                              "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    await asyncio.sleep(1)   # attached before the phase begins
     try:
         yield
     finally:
@@ -256,7 +262,16 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
     if not s:
         return {}
     return {"p50": round(s[len(s) // 2], 2), "p99": round(s[min(len(s) - 1, int(0.99 * len(s)))], 2),
-            "max": round(s[-1], 2), "n": len(s)}
+            "max": round(s[-1], 2), "n": len(s), "over_100ms": sum(1 for v in s if v > 100)}
+
+
+def _stalls(log: Path) -> list[str]:
+    """The control plane's event-loop stalls logged so far (kube32.stalls), the last 20."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln[-160:] for ln in lines if "event loop held" in ln][-20:]
 
 
 async def watch_delivery(api: Client, pod: str | None, probes: int) -> dict[str, float]:

@@ -144,6 +144,11 @@ class Informer:
         """The cached objects filed under ``value`` in the index ``name`` (:meth:`add_index`)."""
         return list(self._indexes[name][1].get(value, {}).values())
 
+    def index_values(self, name: str) -> list[str]:
+        """The values the index ``name`` files objects under now (e.g. the nodes that have
+        pods), O(those values)."""
+        return list(self._indexes[name][1])
+
     def _put(self, key: str, obj: Obj) -> None:
         self.cache[key] = obj
 

@@ -30,7 +30,7 @@ from ..client import CHECKPOINTS, NODES, PODS
 from ..client.informer import BY_NODE_NAME, by_node_name
 from ..terms import (API_VERSION, FASTEST, Annotation, CheckpointAction, CheckpointPhase, Condition, Label, PodPhase,
                      Policy, Trigger)
-from .base import Controller
+from .base import Controller, in_turns
 from .checkpoint import fastest_fit, interp_mops
 from .scheduler import node_ready, pod_requests, usage_reader
 
@@ -105,7 +105,7 @@ class AutoPolicy(Controller):
 
     async def resync(self) -> None:
         self.queue.add(PLACEMENT_PASS)
-        for node in self.nodes.list():
+        async for node in in_turns(self.nodes.list()):
             self.queue.add(f"node/{node['metadata']['name']}")
 
     async def sync(self, key: Any) -> None:
@@ -173,7 +173,8 @@ class AutoPolicy(Controller):
     # --- faster nodes ------------------------------------------------------------------
     async def _placement(self) -> None:
         soonest = None
-        fastest = [p for p in self.pods.list() if objects.annotations(p).get(Annotation.PLACEMENT) == FASTEST]
+        fastest = [p async for p in in_turns(self.pods.list())
+                   if objects.annotations(p).get(Annotation.PLACEMENT) == FASTEST]
         if not fastest:
             return
         nodes = [n for n in self.nodes.list() if node_ready(n)]

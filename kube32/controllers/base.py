@@ -5,13 +5,26 @@ handlers only enqueue keys; ``sync(key)`` reads the current state (from the
 informer caches, or the API when it must be exact), compares it with the
 desired state, acts through the API, and raises to be retried with back-off.
 The work queue guarantees one key is never synced twice at once.
+
+The API server and the controllers share one event loop (one process), so no step of a
+controller may hold it for long: at 10,000 pods one walk over every pod is tens of ms
+to seconds, and every watch event, request and Lease renewal waits behind it (issue 25:
+watch delivery p99).  Hence:
+
+* A walk over what grows with the cluster (every pod, node or Checkpoint: a resync,
+  PodGC's scan) goes through :func:`in_turns`, which gives the loop a turn every
+  :data:`WALK_TURN` items.  What a walk reads between turns may have changed meanwhile;
+  each item is handled as it is then (level-triggered: a later event looks again).
+* Workers give the loop a turn every :data:`SYNCS_PER_TURN` syncs: a queue of a thousand
+  keys whose syncs never wait (the node lifecycle's look at every node each second) would
+  otherwise run as one step, since a non-empty queue's ``get`` does not wait either.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, AsyncIterator, Awaitable, Callable, Hashable, Iterable, TypeVar
 
 from .. import objects, timing
 from ..client import PODS, ApiError, Client, EventRecorder, Informer, Kind, WorkQueue
@@ -19,6 +32,35 @@ from ..client.workqueue import run_workers
 from . import podutil as pu
 
 log = logging.getLogger("kube32.controllers")
+T = TypeVar("T")
+
+WALK_TURN = 256        # items of a walk between two turns of the event loop (about a ms of work)
+SYNCS_PER_TURN = 32    # syncs of one worker between two turns of the event loop
+
+
+async def in_turns(items: Iterable[T], every: int = WALK_TURN) -> AsyncIterator[T]:
+    """``items`` one by one, the event loop given a turn (``asyncio.sleep(0)``: its ready
+    callbacks and its sockets) before each ``every``-th after the first: see the module
+    docstring.  Pass a copy (an informer's ``list()``), never a dict that may change while
+    the walk waits."""
+    for i, item in enumerate(items):
+        if i and i % every == 0:
+            await asyncio.sleep(0)
+        yield item
+
+
+def taking_turns(sync: Callable[[Hashable], Awaitable[None]],
+                 every: int = SYNCS_PER_TURN) -> Callable[[Hashable], Awaitable[None]]:
+    """``sync``, giving the event loop a turn before every ``every``-th call."""
+    count = 0
+
+    async def in_turn(key: Hashable) -> None:
+        nonlocal count
+        count += 1
+        if count % every == 0:
+            await asyncio.sleep(0)
+        await sync(key)
+    return in_turn
 
 
 @dataclass(frozen=True)
@@ -129,7 +171,8 @@ class Controller:
                     await self.resync()
                 except Exception as e:  # noqa: BLE001 - resync is best effort
                     log.warning("%s: resync failed: %s", self.name, e)
-        await asyncio.gather(run_workers(self.queue, self.sync, self.workers, self._on_error), resync_loop())
+        await asyncio.gather(run_workers(self.queue, taking_turns(self.sync), self.workers, self._on_error),
+                             resync_loop())
 
 
 def key_of(obj: dict[str, Any]) -> str:

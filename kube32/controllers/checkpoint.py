@@ -75,7 +75,7 @@ from ..terms import (FASTEST, Annotation, Cause, CheckpointAction, CheckpointPha
                      PodPhase, StatusReason, Trigger)
 from ..urlpath import api_path, group_path
 from . import imagecheck
-from .base import Controller, key_of, split_key
+from .base import Controller, in_turns, key_of, split_key
 from .periodic import RESTORING_FROM, restoring_from
 from .podutil import all_running, failure
 from .scheduler import UsageOf, node_misfits, node_ready, pick_node_by, room_misfits, usage_reader
@@ -300,7 +300,7 @@ class CheckpointController(Controller):
             self.queue.add(f"{old['metadata']['namespace']}/{was}")  # type: ignore[index]
 
     async def resync(self) -> None:
-        for ck in self.checkpoints.list():
+        async for ck in in_turns(self.checkpoints.list()):
             phase = _status(ck).get("phase")
             if phase in (CheckpointPhase.COMPLETED, CheckpointPhase.FAILED, CheckpointPhase.MOVING) or phase is None:
                 self.queue.add(key_of(ck))

@@ -25,7 +25,13 @@ After Kubernetes' ``node_lifecycle_controller.go`` and its taint manager:
   one place that removes such a pod (the migration feature restores it from a
   checkpoint there instead).
 
-Work-queue keys are node names; a periodic monitor re-adds every node.
+Work-queue keys are node names.  A node is synced at each event of its Node and its Lease,
+and when its grace would run out (each sync schedules that look).  A periodic monitor
+(every ``node_monitor_period_seconds``) walks every node in turns (kube32.controllers.base)
+and syncs those that may need it: not heard from yet, overdue, not Ready, or tainted by
+this controller; a healthy node is left to its events and its timer (at 1,000 nodes a sync
+of every node every second was 1,000 syncs a second on the API server's event loop, for
+nothing).
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ from ..client import CHECKPOINTS, LEASES, NODES, PODS, ApiError
 from ..client.informer import BY_NODE_NAME, by_node_name
 from ..matching import tolerates
 from ..terms import Condition, Effect, Policy, Taint
-from .base import Controller
+from .base import Controller, in_turns
 from .checkpoint import replaced_by_move, replacement_of
 from .periodic import PERIODIC_OF, latest_periodic, periodic_of
 
@@ -166,9 +172,20 @@ class NodeLifecycle(Controller):
 
     async def _monitor(self) -> None:
         while True:
-            for node in self.nodes.list():
-                self.queue.add(node["metadata"]["name"])
+            async for node in in_turns(self.nodes.list()):
+                if self._worth_a_look(node):
+                    self.queue.add(node["metadata"]["name"])
             await asyncio.sleep(self.ctx.options.node_monitor_period_seconds)
+
+    def _worth_a_look(self, node: Obj) -> bool:
+        """Whether the monitor syncs ``node`` (see the module docstring)."""
+        name = node["metadata"]["name"]
+        seen = self._heard.get(name)
+        if seen is None or objects.condition_status(node, Condition.READY) != "True":
+            return True
+        if any(t.get("key") in MANAGED_TAINT_KEYS for t in objects.spec(node).get("taints") or []):
+            return True
+        return time.monotonic() - seen[1] >= self.ctx.options.node_monitor_grace_seconds
 
     # --- health ---------------------------------------------------------------
     def _silent_for(self, node: Obj) -> float:

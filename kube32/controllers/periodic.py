@@ -19,7 +19,7 @@ from typing import Any
 from .. import movability, objects
 from ..client import CHECKPOINTS, PODS, ApiError
 from ..terms import API_VERSION, Annotation, CheckpointAction, CheckpointPhase, Label, PodPhase, Policy, Trigger
-from .base import Controller, split_key
+from .base import Controller, in_turns, split_key
 
 log = logging.getLogger("kube32.periodic")
 Obj = dict[str, Any]
@@ -97,7 +97,7 @@ class PeriodicCheckpoints(Controller):
         self.queue.add(f"{ns}/{name}")
 
     async def resync(self) -> None:
-        for pod in self.pods.list():
+        async for pod in in_turns(self.pods.list()):
             if Annotation.CHECKPOINT_INTERVAL in objects.annotations(pod):
                 self._enqueue(pod["metadata"]["namespace"], pod["metadata"]["name"])
 

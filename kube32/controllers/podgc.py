@@ -14,7 +14,11 @@ Never the replacement of a move under way (its target lost or deleted): the Chec
 controller rolls it back to its source from the same Checkpoint, and deleting it would
 lose the pod's state.
 
-It runs every ``node_monitor_period_seconds``; the work-queue key is the pod key.
+It runs every ``node_monitor_period_seconds``; the work-queue key is the pod key.  A
+scan looks only where a candidate can be (issue 25): the nodes that have pods but no
+Node, and the nodes that are not Ready, each one's pods read from the pods informer's
+index by node; not every pod of the cluster (10,000 pods every second held the event
+loop the API server shares).  The nodes are walked in turns (kube32.controllers.base).
 """
 from __future__ import annotations
 
@@ -25,8 +29,9 @@ from typing import Any
 
 from .. import objects
 from ..client import CHECKPOINTS, NODES, PODS, ApiError
+from ..client.informer import BY_NODE_NAME, by_node_name
 from ..terms import Condition
-from .base import Controller, split_key
+from .base import Controller, in_turns, split_key
 from .checkpoint import replaced_by_move
 from .nodelifecycle import parse_time
 
@@ -51,6 +56,7 @@ class PodGC(Controller):
         self.pods = ctx.informers.get(PODS)
         self.nodes = ctx.informers.get(NODES)
         self.checkpoints = ctx.informers.get(CHECKPOINTS)
+        self.pods.add_index(BY_NODE_NAME, by_node_name)
         self._missing_since: dict[str, float] = {}  # node name -> when first seen missing (monotonic)
 
     async def run(self) -> None:
@@ -59,15 +65,24 @@ class PodGC(Controller):
     async def _scan(self) -> None:
         while True:
             await asyncio.sleep(self.ctx.options.node_monitor_period_seconds)
-            self._note_missing_nodes()
-            for pod in self.pods.list():
-                if self._candidate(pod, time.time()):
-                    md = pod["metadata"]
-                    self.queue.add(f"{md.get('namespace')}/{md['name']}")
+            await self.scan_once()
 
-    def _note_missing_nodes(self) -> None:
-        wanted = {n for p in self.pods.list() if (n := objects.node_name(p))}
-        missing = {n for n in wanted if self.nodes.get(n) is None}
+    async def scan_once(self) -> None:
+        """Queue every candidate: the pods of nodes that are missing or not Ready."""
+        with_pods = self.pods.index_values(BY_NODE_NAME)
+        self._note_missing_nodes(with_pods)
+        look = [n for n in with_pods if self.nodes.get(n) is None]
+        async for node in in_turns(self.nodes.list()):
+            if objects.condition_status(node, Condition.READY) != "True":
+                look.append(objects.name(node))
+        now = time.time()
+        async for pod in in_turns(p for name in look for p in self.pods.by_index(BY_NODE_NAME, name)):
+            if self._candidate(pod, now):
+                md = pod["metadata"]
+                self.queue.add(f"{md.get('namespace')}/{md['name']}")
+
+    def _note_missing_nodes(self, with_pods: list[str]) -> None:
+        missing = {n for n in with_pods if self.nodes.get(n) is None}
         now = time.monotonic()
         self._missing_since = {n: self._missing_since.get(n, now) for n in missing}
 

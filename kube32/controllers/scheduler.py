@@ -60,7 +60,7 @@ from ..client.informer import key_of
 from ..matching import node_affinity_matches, tolerated
 from ..podfit import node_allocatable, pod_is_active, pod_requests, shortfalls
 from ..terms import Condition, Effect
-from .base import Controller
+from .base import Controller, in_turns
 
 log = logging.getLogger("kube32.scheduler")
 Obj = dict[str, Any]
@@ -257,6 +257,10 @@ class PodsByNode:
         for key, pod in pods:
             self.put(key, pod)
 
+    def keys(self) -> list[str]:
+        """The keys of the pods counted now."""
+        return list(self._node_of)
+
     def pods_on(self, node: str) -> list[Obj]:
         return list(self._pods.get(node, {}).values())
 
@@ -375,8 +379,37 @@ class Scheduler(Controller):
             self.queue.add(PASS)
 
     async def resync(self) -> None:
-        self._load()
+        await self._reload()
         self.queue.add(PASS)
+
+    async def _reload(self) -> None:
+        """:meth:`_load`'s safety net, in turns (kube32.controllers.base): every pod of the
+        cache put again as it is when its turn comes (events between turns keep the state
+        as they always do, so a pod is never put back as it was before one), then what the
+        cache no longer holds dropped."""
+        self._loaded = True
+        async for key in in_turns(list(self.pods.cache)):
+            pod = self.pods.get(key)
+            if pod is not None:
+                self._take(key, self._placed(pod))
+        for key in [k for k in self.by_node.keys() if self.pods.get(k) is None]:
+            self.by_node.remove(key)
+        for key in [k for k in self._pending if self.pods.get(k) is None]:
+            self._pending.pop(key, None)
+        self._forget_gone({objects.uid(p) for p in self.pods.list()})
+
+    def _take(self, key: str, placed: Obj) -> None:
+        self.by_node.put(key, placed)
+        if wants_scheduling(placed):
+            self._pending[key] = placed
+        else:
+            self._pending.pop(key, None)
+
+    def _forget_gone(self, live: set[str]) -> None:
+        for uid in [u for u in self._assumed if u not in live]:
+            self._assumed.pop(uid, None)
+        for uid in [u for u in self._reported if u not in live]:
+            self._reported.pop(uid, None)
 
     def _load(self) -> None:
         """The pending pods and each node's pods again, from the informer's cache."""
@@ -384,11 +417,7 @@ class Scheduler(Controller):
         placed = [(key_of(p), self._placed(p)) for p in self.pods.list()]
         self.by_node.reset(placed)
         self._pending = {k: p for k, p in placed if wants_scheduling(p)}
-        live = {objects.uid(p) for _, p in placed}
-        for uid in [u for u in self._assumed if u not in live]:
-            self._assumed.pop(uid, None)
-        for uid in [u for u in self._reported if u not in live]:
-            self._reported.pop(uid, None)
+        self._forget_gone({objects.uid(p) for _, p in placed})
 
     def pick(self, pod: Obj, extra_node_selector: dict[str, str] | None = None,
              exclude: set[str] | frozenset[str] = frozenset()) -> tuple[str | None, str]:

@@ -1,12 +1,19 @@
 """The Kubelet: one node's agent.
 
-``Kubelet(client, options[, runtime])``; ``await start()`` measures the interpreter
+``Kubelet(client, options[, runtime[, node_watch]])``; ``await start()`` measures the interpreter
 (unless given; once per runtime: a fleet's nodes share one, kube32.sim.fleet), opens
 the endpoint, registers the Node (a Node of its name that exists is taken over, and
 what its last self-drain did is undone: kube32.kubelet.drain.rejoin), starts the
 Lease, the pod informer (``fieldSelector spec.nodeName=<node>``), the Checkpoint informer of moves
-toward the node (kube32.kubelet.prefetch), the topic subscription and the
-status loop; ``await stop()`` stops every pod and marks the Node NotReady.
+toward the node (kube32.kubelet.prefetch), the topic subscription, the watch of its own
+Node (kube32.kubelet.nodewatch: its own, ``metadata.name=<node>``, or a fleet's shared
+one) and the status loop; ``await stop()`` stops every pod and marks the Node NotReady.
+
+* Node status, as Kubernetes' kubelet with its ``nodeStatusReportFrequency``: the Lease
+  is the heartbeat (every ``lease_interval``); every ``status_interval`` (and soon after
+  a change: free heap, a pod, an event of its Node) the status it would report is
+  compared with the Node the server holds, and written when they differ (a condition the
+  node lifecycle marked Unknown is put back at once), else every ``status_report_seconds``.
 
 Invariants:
 
@@ -72,6 +79,7 @@ from . import join as node_join
 from . import migration
 from .images import ImagePuller, expected_digest
 from .nodeapi import KubeletOptions
+from .nodewatch import NodeWatch
 from .nodeports import NodePorts
 from .podhost import PodHost
 from .podspec import pod_config
@@ -86,7 +94,8 @@ log = logging.getLogger("kube32.kubelet")
 
 
 class Kubelet:
-    def __init__(self, client: Client, options: KubeletOptions, runtime: Runtime | None = None) -> None:
+    def __init__(self, client: Client, options: KubeletOptions, runtime: Runtime | None = None,
+                 node_watch: NodeWatch | None = None) -> None:
         self.client = client
         self.options = options
         self.ip = options.host if options.host not in ("0.0.0.0", "") else "127.0.0.1"
@@ -106,6 +115,10 @@ class Kubelet:
         self.channels = ChannelRegistry()
         self.workers: dict[str, PodWorker] = {}        # uid -> worker
         self.informer = Informer(client, PODS, field_selector=f"spec.nodeName={options.node_name}")
+        # Its Node as the server holds it: its own watch, or a fleet's shared one (nodewatch).
+        self._owns_node_watch = node_watch is None
+        self.node_watch = node_watch if node_watch is not None else NodeWatch(options.node_name)
+        self._status_written_at = -math.inf   # monotonic: the last status write
         self.nodeports = NodePorts(self)
         self.prefetch = Prefetcher(self)  # moves toward this node: their data asked for early
         self.port = 0
@@ -167,6 +180,9 @@ class Kubelet:
             self._runner = None
             raise
         self.informer.add_handler(lambda *_: self._reconcile())
+        self.node_watch.follow(o.node_name, self._node_dirty.set)
+        if self._owns_node_watch:
+            self.node_watch.start(self.client.sibling(pool=1))
         self._tasks += [self.informer.start(),
                         asyncio.create_task(self._lease_loop(), name="kubelet-lease"),
                         asyncio.create_task(self._status_loop(), name="kubelet-status"),
@@ -181,6 +197,9 @@ class Kubelet:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.informer.stop()
+        self.node_watch.forget(self.options.node_name)
+        if self._owns_node_watch:
+            await self.node_watch.stop()
         await self.prefetch.stop()
         await self.nodeports.stop()
         await asyncio.gather(*(w.stop() for w in list(self.workers.values())), return_exceptions=True)
@@ -281,24 +300,52 @@ class Kubelet:
                                           subresource="status")
             await drain.rejoin(self.client, self.options.node_name)
         self.node_uid = out["metadata"].get("uid")
+        self.node_watch.wrote(out)
 
     async def _write_node_status(self) -> None:
+        """Compare what the server holds of the Node with what this node would report, and
+        write what differs (the annotations it owns, its status); an unchanged status only
+        every ``status_report_seconds`` (the Lease is the heartbeat).  Nothing known of the
+        server's Node (its watch not listed yet, or no Node): written as before."""
         assert self.facts is not None
+        name = self.options.node_name
         free = self.free_heap()
-        if free != self._last_free:
-            await self.client.patch(NODES, self.options.node_name, {"metadata": {"annotations": {
-                Annotation.FREE_HEAP: str(free)}}})
-            self._last_free = free
+        held = self.node_watch.held(name)
+        annotations = nodeinfo.annotations_to_write(
+            held, nodeinfo.owned_annotations(self.facts, free, self.scheme))
+        if annotations:
+            out = await self.client.patch(NODES, name, {"metadata": {"annotations": annotations}})
+            self.node_watch.wrote(out)
+            held = self.node_watch.held(name)
+        self._last_free = free
+        self._follow_transitions(held)
         status = nodeinfo.node_status(self.facts, free, True, self._transitions)
-        await self.client.patch(NODES, self.options.node_name, {"status": status}, subresource="status")
+        why = nodeinfo.status_differs(held, status)
+        due = time.monotonic() - self._status_written_at >= self.options.status_report_seconds
+        if why is None and not due:
+            return
+        if why is not None and held is not None:
+            log.debug("node %s: writing its status: %s", name, why)
+        out = await self.client.patch(NODES, name, {"status": status}, subresource="status")
+        self._status_written_at = time.monotonic()
+        self.node_watch.wrote(out)
+
+    def _follow_transitions(self, held: dict[str, Any] | None) -> None:
+        """A condition the server shows with another status (Unknown: the node lifecycle
+        marked it) transitions again when this node reports its own: its
+        ``lastTransitionTime`` is then, not when this node last changed it."""
+        for c in objects.status(held or {}).get("conditions") or []:
+            seen = self._transitions.get(c.get("type", ""))
+            if seen is not None and seen[0] != c.get("status"):
+                del self._transitions[c["type"]]
 
     async def _status_loop(self) -> None:
         while True:
+            self._node_dirty.clear()   # before: a change seen while writing is looked at again
             try:
                 await self._write_node_status()
             except ApiError as e:
                 log.warning("cannot report node status: %s", e)
-            self._node_dirty.clear()
             if await wait_set(self._node_dirty, self.options.status_interval):
                 await asyncio.sleep(0.2)   # coalesce a burst of changes into one write
 

@@ -16,7 +16,10 @@
   of the machine and the engine it measured on (:func:`measured_on`).  Nodes that
   measured on one machine with one engine run the same code on the same CPU, so the
   placement policy counts them as equally fast whatever their figures say.
-* The Lease ``kube-node-lease/<node>`` is this node's heartbeat.
+* The Lease ``kube-node-lease/<node>`` is this node's heartbeat; the status is written
+  when what the server holds differs from what the kubelet would report
+  (:func:`status_differs`, :func:`annotations_to_write`: heartbeat and transition times
+  aside), else every ``status_report_seconds`` (Kubernetes' ``nodeStatusReportFrequency``).
 """
 from __future__ import annotations
 
@@ -103,6 +106,52 @@ def node_annotations(f: NodeFacts, free_heap: int) -> dict[str, str]:
     if f.measured_on:
         out[Annotation.INTERP_MOPS_MEASURED_ON] = f.measured_on
     return out
+
+
+def owned_annotations(f: NodeFacts, free_heap: int, scheme: str) -> dict[str, str | None]:
+    """The annotations this kubelet owns and their values (None: must not be there)."""
+    out: dict[str, str | None] = {Annotation.INTERP_MOPS_MEASURED_ON: None}
+    out.update(node_annotations(f, free_heap))
+    out[Annotation.KUBELET_SCHEME] = scheme
+    return out
+
+
+def annotations_to_write(held: dict[str, Any] | None, owned: dict[str, str | None]) -> dict[str, str | None]:
+    """The merge patch of ``metadata.annotations`` that makes ``held`` (the Node the server
+    holds; None: not known) show ``owned``: empty when it does already."""
+    if held is None:
+        return dict(owned)
+    have = (held.get("metadata") or {}).get("annotations") or {}
+    return {k: v for k, v in owned.items() if have.get(k) != v}
+
+
+STATUS_FIELDS = ("addresses", "daemonEndpoints", "capacity", "allocatable", "nodeInfo")
+
+
+def _condition_facts(conditions: Any) -> dict[Any, tuple[Any, Any, Any]]:
+    return {c.get("type"): (c.get("status"), c.get("reason"), c.get("message"))
+            for c in conditions or [] if isinstance(c, dict)}
+
+
+def status_differs(held: dict[str, Any] | None, status: dict[str, Any]) -> str | None:
+    """Why the Node the server holds (``held``; None: not known) does not show ``status``
+    (what :func:`node_status` made), or None when it does: every condition's status, reason
+    and message, and :data:`STATUS_FIELDS`; heartbeat and transition times are no change
+    (as Kubernetes' kubelet's ``nodeStatusHasChanged``)."""
+    if held is None:
+        return "the Node the server holds is not known"
+    have = held.get("status") or {}
+    held_conditions = _condition_facts(have.get("conditions"))
+    for type_, facts in _condition_facts(status.get("conditions")).items():
+        was = held_conditions.get(type_)
+        if was is None or was[0] != facts[0]:
+            return f"{type_} is {was[0] if was else 'missing'}, not {facts[0]}"
+        if was != facts:
+            return f"{type_}'s reason or message changed"
+    for name in STATUS_FIELDS:
+        if have.get(name) != status.get(name):
+            return f"its {name} changed"
+    return None
 
 
 def allocatable(f: NodeFacts) -> dict[str, str]:

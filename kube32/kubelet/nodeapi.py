@@ -42,7 +42,8 @@ class KubeletOptions:
     control_plane: bool = False
     lease_interval: float = 10.0
     lease_duration: int = 40
-    status_interval: float = 10.0
+    status_interval: float = 10.0        # how often the status is compared with the server's Node
+    status_report_seconds: float = 300.0  # an unchanged status is written this often (nodeStatusReportFrequency)
     backoff_base: float = 10.0
     backoff_max: float = 300.0
     # A call that runs longer is ended (the pod fails and restarts per its policy).  Longer

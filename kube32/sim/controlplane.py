@@ -25,6 +25,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .. import serving
+from ..stalls import StallWatch
 from ..apiserver import pki
 from ..apiserver.auth import APISERVER, load_or_create_tokens, read_token_file, write_kubeconfigs
 from ..apiserver.dataspace import SIM_CAPACITY, CheckpointDataSpace
@@ -235,6 +236,10 @@ async def run_control_plane(opts: ControlPlaneOptions) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     cp = ControlPlane(opts)
+    # The process's event loop is the API server's and the controllers': a stall of it
+    # (a long step, a full garbage collection) is logged with its cause (kube32.stalls).
+    stalls = StallWatch()
+    stalls.start()
     await cp.start()
     print(f"kube32 control plane listening on {cp.url}", flush=True)
     print(f"kubeconfig: {cp.kubeconfig}", flush=True)
@@ -242,4 +247,5 @@ async def run_control_plane(opts: ControlPlaneOptions) -> int:
     await stop.wait()
     print("kube32 control plane stopping", flush=True)
     await cp.stop()
+    await stalls.stop()
     return 0

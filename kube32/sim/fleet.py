@@ -14,7 +14,12 @@ Design and invariants:
 * Shared, because nothing of a node is in it: the event loop, the engine and its
   compiled modules (one :class:`~kube32.wasm.Runtime`: a module compiled once serves
   every node's pods; its speed is measured once), the client-side TLS context
-  (the cluster CA only), the process's threads.
+  (the cluster CA only), the process's threads, and the watch of the Nodes
+  (:class:`~kube32.kubelet.nodewatch.NodeWatch` of every Node: what each kubelet compares
+  its status with, one watch for the fleet instead of one a node; a node may read every
+  Node, as in Kubernetes).  It watches with the credentials of a node of the fleet (a
+  client of its own beside that node's), and moves to another running node when that one
+  stops; each node still writes its own Node with its own credentials.
 * Owned by each node, because a board owns it: its client (its credentials after the
   join, its source address, its connections: the API server hands a node its
   credentials for the address its join came from, so the connection pool is the
@@ -31,7 +36,8 @@ Design and invariants:
   ``kill NAME`` (as SIGKILL does to a worker: nothing more is written, its Lease just
   stops, its endpoint closes), ``drain NAME`` (as SIGTERM does to a worker: it drains
   itself, then stops), ``start NAME`` (starts it again, under the same name and
-  address), ``list``.  Each answer is one line starting with ``fleet:``.
+  address), ``list``, ``watching`` (the node whose credentials watch the Nodes).  Each
+  answer is one line starting with ``fleet:``.
 * SIGINT/SIGTERM stop every node without a drain (a fleet-wide drain would only move
   every pod onto nodes that are stopping too): pods stop, each Node is marked NotReady.
 * ``--pods-per-node K`` creates K pods of ``--image`` on each node once it is Ready
@@ -51,6 +57,7 @@ import time
 from pathlib import Path
 from ..client import PODS, ApiError, Client
 from ..kubelet import Kubelet, KubeletOptions
+from ..kubelet.nodewatch import NodeWatch
 from ..terms import Label
 from ..wasm import Runtime
 from .worker import kubelet_options, node_client, start_node, stop_node, stop_on_signals
@@ -102,6 +109,8 @@ class Fleet:
         self.joined_at: dict[str, float] = {}     # name -> seconds from the fleet's start
         self._gate = asyncio.Semaphore(max(1, joins_at_once))
         self._began = time.monotonic()
+        self.node_watch = NodeWatch()         # every Node, for every node (module docstring)
+        self.watching_as: str | None = None   # the node whose credentials the watch uses
 
     def _client(self, name: str) -> Client:
         # The bootstrap token and the CA's TLS context, a session (and pool) of its own.
@@ -114,10 +123,28 @@ class Fleet:
         if opts.data_dir is not None:
             opts.data_dir.mkdir(parents=True, exist_ok=True)
         async with self._gate:
-            kubelet = await start_node(self._client(name), opts, self.runtime)
+            kubelet = await start_node(self._client(name), opts, self.runtime, self.node_watch)
         self.nodes[name] = kubelet
         self.joined_at[name] = time.monotonic() - self._began
+        if self.watching_as is None:
+            self._watch_as(name)
         return kubelet
+
+    def _watch_as(self, name: str) -> None:
+        """The Nodes watched with node ``name``'s credentials (a client and one connection of
+        its own), from now on."""
+        self.node_watch.start(self.nodes[name].client.sibling(user_agent=f"kubelet/{name} (fleet nodes)", pool=1))
+        self.watching_as = name
+
+    async def _watch_elsewhere(self, name: str) -> None:
+        """Node ``name`` stops: the watch moves to another running node (or ends with the last)."""
+        if self.watching_as != name:
+            return
+        self.watching_as = None
+        if self.nodes:
+            self._watch_as(next(iter(self.nodes)))
+        else:
+            await self.node_watch.stop()
 
     async def start_all(self) -> list[str]:
         """Start every node; the names of those that could not start (each one logged)."""
@@ -138,15 +165,20 @@ class Fleet:
         and endpoint stop with it."""
         kubelet = self._take(name)
         kubelet.client.guard = lambda: f"node {name} was killed"
+        await self._watch_elsewhere(name)
         await stop_node(kubelet, drain=False)
 
     async def drain(self, name: str) -> list[str]:
         """As SIGTERM to a worker: it drains itself, then stops (pods still there, by name)."""
-        return await stop_node(self._take(name), drain=True)
+        kubelet = self._take(name)
+        await self._watch_elsewhere(name)
+        return await stop_node(kubelet, drain=True)
 
     async def stop_all(self) -> None:
         nodes, self.nodes = self.nodes, {}
         await asyncio.gather(*(stop_node(k, drain=False) for k in nodes.values()), return_exceptions=True)
+        self.watching_as = None
+        await self.node_watch.stop()
 
     def _take(self, name: str) -> Kubelet:
         kubelet = self.nodes.pop(name, None)
@@ -164,6 +196,8 @@ class Fleet:
         try:
             if verb == "list" and not rest:
                 return "fleet: running " + (" ".join(sorted(self.nodes)) or "(none)")
+            if verb == "watching" and not rest:
+                return f"fleet: Nodes watched as {self.watching_as or '(none)'}"
             if verb in ("kill", "drain", "start") and len(rest) == 1:
                 name = rest[0]
                 if name not in self.options:
@@ -178,7 +212,8 @@ class Fleet:
                 return f"fleet: {name} started"
         except (ValueError, ApiError, OSError) as e:
             return f"fleet: error: {verb} {' '.join(rest)}: {e}"
-        return f"fleet: error: unknown command {line.strip()[:80]!r} (kill NAME, drain NAME, start NAME, list)"
+        return (f"fleet: error: unknown command {line.strip()[:80]!r} "
+                "(kill NAME, drain NAME, start NAME, list, watching)")
 
 
 async def create_pods(client: Client, nodes: list[str], per_node: int, image: str) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..client import Client
 from ..kubelet import Kubelet, KubeletOptions
 from ..kubelet.drain import drain_self
+from ..kubelet.nodewatch import NodeWatch
 from ..testing import WORKER_FAULTS
 from ..quantity import parse_bytes
 from ..wasm import ENGINES, Runtime, engine_class
@@ -40,7 +41,9 @@ def add_node_flags(p: argparse.ArgumentParser, *, default_profile: str, port_fla
     p.add_argument("--interp-mops", type=float,
                    help="interpreter speed to report instead of measuring it on the engine")
     p.add_argument("--lease-interval", type=float, default=10.0, help="seconds between Lease renewals")
-    p.add_argument("--status-interval", type=float, default=10.0, help="seconds between node status reports")
+    p.add_argument("--status-interval", type=float, default=10.0,
+                   help="seconds between two comparisons of the node's status with the server's Node "
+                        "(written when they differ, else every 5 minutes)")
     p.add_argument("--backoff", type=float, default=10.0, help="first restart back-off in seconds (doubles to 300)")
     p.add_argument("--kubelet-insecure-http", action="store_true",
                    help="serve the kubelet endpoint over plain HTTP instead of TLS (debugging only)")
@@ -81,12 +84,13 @@ def node_client(kubeconfig: Path, server: str | None, name: str) -> Client:
     return client
 
 
-async def start_node(client: Client, opts: KubeletOptions, runtime: Runtime | None = None) -> Kubelet:
+async def start_node(client: Client, opts: KubeletOptions, runtime: Runtime | None = None,
+                     node_watch: NodeWatch | None = None) -> Kubelet:
     """One kubelet joined and started on ``client`` (which carries the node's own token
     from then on); the one path every simulated node takes: a worker, the control
-    plane's node, each node of a fleet (``runtime``: the fleet's shared one).  The client
-    is closed when the node cannot start."""
-    kubelet = Kubelet(client, opts, runtime)
+    plane's node, each node of a fleet (``runtime``, ``node_watch``: the fleet's shared
+    ones).  The client is closed when the node cannot start."""
+    kubelet = Kubelet(client, opts, runtime, node_watch)
     try:
         await kubelet.start()
     except BaseException:

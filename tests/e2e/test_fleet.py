@@ -217,3 +217,48 @@ def test_a_second_fleet_of_the_same_names_is_refused_and_takes_nothing(fleet, tm
     assert ready(node) == "True" and node["status"]["daemonEndpoints"] == endpoint
     after = counter(cp, "fleet-5-1")
     assert after["requests"] == before["requests"] + 1 and after["init_calls"] == before["init_calls"]
+
+
+def _mark_unknown(cp: ControlPlane, name: str) -> None:
+    """What the node lifecycle does to a node it has not heard from: every condition Unknown."""
+    conditions = [{**c, "status": "Unknown", "reason": "NodeStatusUnknown",
+                   "message": "Kubelet stopped posting node status."}
+                  for c in nodes(cp)[name]["status"]["conditions"]]
+    cp.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
+               "-p", json.dumps({"status": {"conditions": conditions}}))
+
+
+def _watching(proc: FleetProc) -> str:
+    """The node the fleet watches the Nodes as, asked now (each answer is a new line)."""
+    said = "fleet: Nodes watched as "
+    before = sum(ln.startswith(said) for ln in proc.output().splitlines())
+    assert proc.popen.stdin is not None
+    proc.popen.stdin.write(b"watching\n")
+    proc.popen.stdin.flush()
+    lines = wait_for(lambda: (lambda ls: ls if len(ls) > before else None)(
+        [ln for ln in proc.output().splitlines() if ln.startswith(said)]), 20, what="the fleet to answer watching")
+    return lines[-1][len(said):].strip()
+
+
+def test_a_node_marked_unknown_while_alive_is_put_back_by_its_kubelet(fleet) -> None:
+    """A kubelet writes an unchanged status only every 5 minutes (the Lease is the heartbeat),
+    so it must see the Node the server holds: marked Unknown (as the node lifecycle does in a
+    control-plane stall), the worker's node (its own watch) and a fleet node (the fleet's shared
+    watch, moved to another node's credentials when the node it watched as was killed) are
+    Ready again within seconds, far sooner than their --status-interval 5 and 5 minutes."""
+    cp, proc = fleet
+    for name in ("sim-1", "fleet-5"):
+        wait_for(lambda: ready(nodes(cp)[name]) == "True", 30, what=f"{name} Ready")
+        _mark_unknown(cp, name)
+        assert ready(nodes(cp)[name]) == "Unknown"
+        wait_for(lambda: ready(nodes(cp)[name]) == "True", 4, interval=0.2, what=f"{name} Ready again")
+    watcher = _watching(proc)
+    assert watcher.startswith("fleet-")
+    proc.command(f"kill {watcher}", f"fleet: {watcher} killed")
+    other = _watching(proc)
+    assert other.startswith("fleet-") and other != watcher
+    target = next(f"fleet-{i}" for i in range(6, NODES + 1) if f"fleet-{i}" not in (watcher, other))
+    _mark_unknown(cp, target)
+    wait_for(lambda: ready(nodes(cp)[target]) == "True", 4, interval=0.2, what=f"{target} Ready again")
+    proc.command(f"start {watcher}", f"fleet: {watcher} started")
+    wait_for(lambda: ready(nodes(cp)[watcher]) == "True", 30, what=f"{watcher} Ready again")
