@@ -41,22 +41,23 @@ import contextlib
 import ipaddress
 import re
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from .. import objects
 from ..terms import API_VERSION, GROUP, GROUP_PATH, NODE_LEASE_NAMESPACE
 from . import bodies, errors, pki
-from .auth import User
 from .proxy import kubelet_endpoint
 from .rbac import BOOTSTRAP_GROUP
 from .resources import by_plural
-from .auth import TokenAuthenticator
+from .auth import TokenAuthenticator, User
 from .nodetokens import NodeTokens
 from .registry import Registry
 from .routing import json_response
 from .strategy import get_path
 
+Obj = dict[str, Any]
 PATH = GROUP_PATH + "/nodecredentials/{name}"
 MAX_BODY = 16 << 10
 HOLDER_PROBE_TIMEOUT = 1.0   # a kubelet that takes no connection within this is no holder
@@ -79,9 +80,8 @@ def peer_address(request: web.Request) -> str | None:
     return str(ip)
 
 
-async def _check_registered_address(registry: Registry, node: str, address: str | None) -> None:
+def _check_registered_address(obj: Obj | None, node: str, address: str | None) -> None:
     """A registered node's credentials go only to a request from its own address."""
-    obj = await registry.try_get(by_plural("nodes"), None, node)
     if obj is None:
         return
     registered = [a["address"] for a in get_path(obj, "status", "addresses", default=[]) or []
@@ -93,12 +93,13 @@ async def _check_registered_address(registry: Registry, node: str, address: str 
             f"{address or 'a Unix socket'}); to join it from elsewhere, delete the Node first")
 
 
-async def _check_not_held(registry: Registry, node: str) -> None:
-    """A 409 when ``node`` is held by a running kubelet: its Lease renewed within its
-    duration and its registered kubelet endpoint taking connections."""
+async def _check_not_held(registry: Registry, obj: Obj | None, node: str) -> None:
+    """A 409 when ``node`` (its Node ``obj``) is held by a running kubelet: its Lease
+    renewed within its duration and its registered kubelet endpoint taking connections."""
+    if obj is None:
+        return
     lease = await registry.try_get(by_plural("leases"), NODE_LEASE_NAMESPACE, node)
-    obj = await registry.try_get(by_plural("nodes"), None, node)
-    if lease is None or obj is None:
+    if lease is None:
         return
     renewed = objects.parse_time(get_path(lease, "spec", "renewTime"))
     duration = get_path(lease, "spec", "leaseDurationSeconds", default=40)
@@ -145,10 +146,11 @@ def add_routes(router: web.UrlDispatcher, registry: Registry, auth: TokenAuthent
             raise errors.bad_request("cannot create nodecredentials: the body must be an object")
         csr = body.get("csr")
         address = peer_address(request)
-        await _check_registered_address(registry, node, address)
+        registered = await registry.try_get(by_plural("nodes"), None, node)
+        _check_registered_address(registered, node, address)
         user: User = request["user"]
         if BOOTSTRAP_GROUP in user.groups:
-            await _check_not_held(registry, node)
+            await _check_not_held(registry, registered, node)
         cert = ""
         ca = ""
         if csr:
