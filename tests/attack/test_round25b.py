@@ -39,8 +39,8 @@ class Cluster:
         self.kubeconfig = str(data / "admin.kubeconfig")
         self.node_kubeconfig = str(data / "node.kubeconfig")
         text = (data / "admin.kubeconfig").read_text()
-        self.token = next(l.split()[1] for l in text.splitlines() if "token:" in l)
-        server = next(l.split()[1] for l in text.splitlines() if "server:" in l)
+        self.token = next(ln.split()[1] for ln in text.splitlines() if "token:" in ln)
+        server = next(ln.split()[1] for ln in text.splitlines() if "server:" in ln)
         self.port = int(server.rsplit(":", 1)[1])
 
     def req(self, method: str, path: str, body: Any = None, ctype: str = "application/json",
@@ -117,7 +117,7 @@ def test_get_list_watch_same_object_for_every_client(cluster: Cluster) -> None:
     c = http.client.HTTPSConnection("127.0.0.1", cluster.port, context=CTX, timeout=10)
     c.request("GET", f"{CM}?watch=1&resourceVersion=0&fieldSelector=metadata.name%3D{name}&timeoutSeconds=2",
               headers={"Authorization": "Bearer " + cluster.token})
-    ev = [json.loads(l) for l in c.getresponse().read().splitlines() if l.strip()]
+    ev = [json.loads(ln) for ln in c.getresponse().read().splitlines() if ln.strip()]
     assert ev[0]["type"] == "ADDED" and ev[0]["object"] == got
     kc = json.loads(cluster.kubectl("get", "cm", name, "-o", "json", "--show-managed-fields").stdout)
     assert kc == got
@@ -179,7 +179,7 @@ def test_patch_answers_equal_watch_events(cluster: Cluster) -> None:
         c = http.client.HTTPSConnection("127.0.0.1", cluster.port, context=CTX, timeout=20)
         c.request("GET", f"{ns}?watch=1&fieldSelector=metadata.name%3D{name}&resourceVersion={rv}&timeoutSeconds=6",
                   headers={"Authorization": "Bearer " + cluster.token})
-        events.extend(json.loads(l) for l in c.getresponse().read().splitlines() if l.strip())
+        events.extend(json.loads(ln) for ln in c.getresponse().read().splitlines() if ln.strip())
 
     t = threading.Thread(target=watch)
     t.start()
@@ -488,3 +488,60 @@ def test_sigkilled_worker_name_rejoins_at_once(cluster: Cluster) -> None:
     cluster.kubectl("delete", "node", "atk-k", check=False)
     assert joined and took < 15, (took, out[-600:])
 
+
+
+def _node_rv(cluster: Cluster, node: str) -> str:
+    return json.loads(cluster.kubectl("get", "node", node, "-o", "json").stdout)["metadata"]["resourceVersion"]
+
+
+def test_fleet_status_at_rest_and_second_fleet_refused(cluster: Cluster) -> None:
+    """Did: `kube32-sim fleet --nodes 3 --prefix atkf` beside the cluster; watched the
+    Nodes' resourceVersions for 15 s at rest; patched atkf-2's Ready to False; started a
+    second `fleet --nodes 3 --prefix atkf` on other addresses.
+    Expected: "its Node status only when it changed (or every 5 minutes)": no Node write
+    at rest; the patched Ready "put back within a second" (the fleet's shared watch);
+    the second fleet refused, 409 naming the holder.
+    Happened: see assertions."""
+    d = tempfile.mkdtemp(prefix="attack25b-fleet-", dir="/tmp")
+    f = subprocess.Popen([SIM, "fleet", "--kubeconfig", cluster.node_kubeconfig, "--nodes", "3", "--prefix", "atkf",
+                          "--first-address", "127.33.0.1", "--data-dir", d],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        assert f.stdout is not None
+        out = ""
+        t0 = time.time()
+        while "fleet ready" not in out and time.time() - t0 < 90:
+            line = f.stdout.readline()
+            if not line:
+                break
+            out += line
+        assert "fleet ready" in out, out[-800:]
+        time.sleep(3)
+        before = {n: _node_rv(cluster, n) for n in ("atkf-1", "atkf-3")}
+        time.sleep(15)
+        after = {n: _node_rv(cluster, n) for n in ("atkf-1", "atkf-3")}
+        cluster.kubectl("patch", "node", "atkf-2", "--subresource=status", "--type=strategic", "-p", json.dumps(
+            {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Attack"}]}}))
+        t1 = time.time()
+        while _conditions(cluster, "atkf-2").get("Ready") != "True" and time.time() - t1 < 10:
+            time.sleep(0.2)
+        restored = time.time() - t1
+        try:
+            g = subprocess.run([SIM, "fleet", "--kubeconfig", cluster.node_kubeconfig, "--nodes", "3", "--prefix", "atkf",
+                            "--first-address", "127.34.0.1", "--data-dir", tempfile.mkdtemp(prefix="attack25b-fleet2-", dir="/tmp")],
+                               capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            second, code = g.stdout + g.stderr, g.returncode
+        except subprocess.TimeoutExpired as e:
+            second, code = str(e.output), 0
+    finally:
+        if f.poll() is None:
+            f.send_signal(signal.SIGTERM)
+            try:
+                f.wait(40)
+            except subprocess.TimeoutExpired:
+                f.kill()
+        for i in (1, 2, 3):
+            cluster.kubectl("delete", "node", f"atkf-{i}", check=False)
+    assert before == after, (before, after)
+    assert restored < 2, restored
+    assert code != 0 and "held by a running kubelet" in second, second[-800:]
