@@ -32,6 +32,8 @@ second ``kube32-sim fleet`` of the same names would otherwise take the nodes ove
 kubelets start every pod afresh (their state gone with no move), and the first
 kubelets' tokens revoked.  A kubelet restarted after a crash joins at once (its old
 endpoint takes no connection), and one that stopped renewing its Lease is no holder.
+A Node deleted while its kubelet runs leaves no endpoint to ask: a fresh Lease alone
+holds the name then (a crashed kubelet whose Node was deleted waits out its Lease).
 The node itself (rotating) and ``system:masters`` are not asked.
 """
 from __future__ import annotations
@@ -95,9 +97,8 @@ def _check_registered_address(obj: Obj | None, node: str, address: str | None) -
 
 async def _check_not_held(registry: Registry, obj: Obj | None, node: str) -> None:
     """A 409 when ``node`` (its Node ``obj``) is held by a running kubelet: its Lease
-    renewed within its duration and its registered kubelet endpoint taking connections."""
-    if obj is None:
-        return
+    renewed within its duration and its registered kubelet endpoint taking connections
+    (or no Node left to name an endpoint)."""
     lease = await registry.try_get(by_plural("leases"), NODE_LEASE_NAMESPACE, node)
     if lease is None:
         return
@@ -108,6 +109,13 @@ async def _check_not_held(registry: Registry, obj: Obj | None, node: str) -> Non
     age = (objects.now() - renewed).total_seconds()
     if age > duration:
         return
+    if obj is None:
+        # Its Node deleted while its kubelet still renews the Lease (round 25b): no
+        # endpoint to ask, and a join now would revoke the running kubelet's token.
+        raise errors.conflict("nodecredentials", node, GROUP, why=(
+            f'node "{node}" is held by a running kubelet: its Node is gone but its Lease was renewed '
+            f"{max(age, 0):.0f} s ago; stop that kubelet first (or wait until its Lease is {duration} s old), "
+            "or join under another name"))
     try:
         ep = kubelet_endpoint(obj)
     except errors.APIError:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from pathlib import Path
 
-from ..client import Client
+from ..client import ApiError, Client
 from ..kubelet import Kubelet, KubeletOptions
 from ..kubelet.drain import drain_self
 from ..kubelet.nodewatch import NodeWatch
@@ -120,7 +121,12 @@ def stop_on_signals() -> asyncio.Event:
 
 
 async def run_worker(kubeconfig: Path, server: str | None, opts: KubeletOptions) -> int:
-    kubelet = await start_node(node_client(kubeconfig, server, opts.node_name), opts)
+    try:
+        kubelet = await start_node(node_client(kubeconfig, server, opts.node_name), opts)
+    except ApiError as e:
+        # A refusal names its cause (e.g. the name held by a running kubelet): one line, no traceback.
+        print(f"kube32 worker {opts.node_name}: {e.code} {e.reason}: {e.message}", file=sys.stderr, flush=True)
+        return 1
     print(f"kube32 worker {opts.node_name} ({opts.profile}) joined {kubelet.client.server}; "
           f"kubelet on {kubelet.ip}:{kubelet.port}, engine {kubelet.runtime.engine.runtime_version}, "
           f"interp-mops {kubelet.interp_mops:.2f}", flush=True)
