@@ -193,6 +193,7 @@ class Annotation:
     INTERP_MOPS_MEASURED_ON: Final = "kube32.io/interp-mops-measured-on"   # node: machine and engine of it
     FREE_HEAP: Final = "kube32.io/free-heap"          # node
     KUBELET_SCHEME: Final = "kube32.io/kubelet-scheme"   # node: http or https
+    KUBELET_ENDPOINT: Final = "kube32.io/kubelet-endpoint"   # node's Lease: its kubelet's "ip:port"
     LEFT: Final = "kube32.io/left"                    # node: its kubelet left the cluster
     LEFT_CORDONED: Final = "kube32.io/left-cordoned"  # node: the leaving drain cordoned it itself
     # Checkpoint: an eviction answered that its pod left while this, its move, was still

@@ -44,7 +44,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from aiohttp import web
 
 from .. import objects, terms
-from ..terms import CONTROLLER_MANAGER_LEASE, Annotation, CheckpointPhase
+from ..terms import CONTROLLER_MANAGER_LEASE, NODE_LEASE_NAMESPACE, Annotation, CheckpointPhase
 from . import bodies, errors
 from .auth import APISERVER, User
 from .errors import APIError, qualified
@@ -60,7 +60,6 @@ from .strategies.service import NODE_PORT_TYPES
 
 NODES_GROUP = "system:nodes"
 NODE_PREFIX = "system:node:"
-NODE_LEASE_NAMESPACE = "kube-node-lease"
 _NAMESPACE_SUBRESOURCES = ("status", "finalize")
 _METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 

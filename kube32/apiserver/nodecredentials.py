@@ -32,8 +32,10 @@ second ``kube32-sim fleet`` of the same names would otherwise take the nodes ove
 kubelets start every pod afresh (their state gone with no move), and the first
 kubelets' tokens revoked.  A kubelet restarted after a crash joins at once (its old
 endpoint takes no connection), and one that stopped renewing its Lease is no holder.
-A Node deleted while its kubelet runs leaves no endpoint to ask: a fresh Lease alone
-holds the name then (a crashed kubelet whose Node was deleted waits out its Lease).
+A Node deleted while its kubelet runs leaves the endpoint its Lease names
+(``kube32.io/kubelet-endpoint``, written with each renewal): a kubelet that stopped, or
+crashed, after its Node was deleted frees the name at once; a Lease naming no endpoint
+holds the name until it is old.
 The node itself (rotating) and ``system:masters`` are not asked.
 """
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import objects
-from ..terms import API_VERSION, GROUP, GROUP_PATH, NODE_LEASE_NAMESPACE
+from ..terms import API_VERSION, GROUP, GROUP_PATH, NODE_LEASE_NAMESPACE, Annotation
 from . import bodies, errors, pki
 from .proxy import kubelet_endpoint
 from .rbac import BOOTSTRAP_GROUP
@@ -97,8 +99,9 @@ def _check_registered_address(obj: Obj | None, node: str, address: str | None) -
 
 async def _check_not_held(registry: Registry, obj: Obj | None, node: str) -> None:
     """A 409 when ``node`` (its Node ``obj``) is held by a running kubelet: its Lease
-    renewed within its duration and its registered kubelet endpoint taking connections
-    (or no Node left to name an endpoint)."""
+    renewed within its duration and its kubelet endpoint taking connections. The endpoint
+    is the Node's; with the Node deleted, the one its Lease names (a Lease naming none
+    holds the name until it is old)."""
     lease = await registry.try_get(by_plural("leases"), NODE_LEASE_NAMESPACE, node)
     if lease is None:
         return
@@ -110,12 +113,16 @@ async def _check_not_held(registry: Registry, obj: Obj | None, node: str) -> Non
     if age > duration:
         return
     if obj is None:
-        # Its Node deleted while its kubelet still renews the Lease (round 25b): no
-        # endpoint to ask, and a join now would revoke the running kubelet's token.
+        # Its Node deleted while its kubelet still renews the Lease (round 25b): a join
+        # now would revoke the running kubelet's token.
+        lease_ep = _lease_endpoint(lease)
+        if lease_ep is not None and not await _accepts_connections(*lease_ep):
+            return
         raise errors.conflict("nodecredentials", node, GROUP, why=(
             f'node "{node}" is held by a running kubelet: its Node is gone but its Lease was renewed '
-            f"{max(age, 0):.0f} s ago; stop that kubelet first (or wait until its Lease is {duration} s old), "
-            "or join under another name"))
+            f"{max(age, 0):.0f} s ago" + (f" and its kubelet endpoint {lease_ep[0]}:{lease_ep[1]} takes connections"
+                                          if lease_ep else "")
+            + f"; stop that kubelet first (or wait until its Lease is {duration} s old), or join under another name"))
     try:
         ep = kubelet_endpoint(obj)
     except errors.APIError:
@@ -126,6 +133,21 @@ async def _check_not_held(registry: Registry, obj: Obj | None, node: str) -> Non
         f'node "{node}" is held by a running kubelet: its Lease was renewed {max(age, 0):.0f} s ago and its '
         f"kubelet endpoint {ep.host}:{ep.port} takes connections; stop that kubelet first (or wait until its "
         f"Lease is {duration} s old), or join under another name"))
+
+
+def _lease_endpoint(lease: Obj) -> tuple[str, int] | None:
+    """The "ip:port" a node's Lease names (its kubelet wrote it), or None when it names
+    none that parses."""
+    text = get_path(lease, "metadata", "annotations", Annotation.KUBELET_ENDPOINT)
+    if not isinstance(text, str):
+        return None
+    host, _, port = text.rpartition(":")
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+        number = int(port)
+    except ValueError:
+        return None
+    return (str(ip), number) if 0 < number < 65536 else None
 
 
 async def _accepts_connections(host: str, port: int) -> bool:

@@ -45,7 +45,7 @@ from .. import movability, objects
 from ..client import CHECKPOINTS, LEASES, NODES, PODS, ApiError
 from ..client.informer import BY_NODE_NAME, by_node_name
 from ..matching import tolerates
-from ..terms import Condition, Effect, Policy, Taint
+from ..terms import NODE_LEASE_NAMESPACE, Condition, Effect, Policy, Taint
 from .base import Controller, in_turns
 from .checkpoint import replaced_by_move, replacement_of
 from .periodic import PERIODIC_OF, latest_periodic, periodic_of
@@ -53,7 +53,6 @@ from .periodic import PERIODIC_OF, latest_periodic, periodic_of
 log = logging.getLogger("kube32.nodelifecycle")
 Obj = dict[str, Any]
 
-LEASE_NAMESPACE = "kube-node-lease"
 LIFECYCLE_TAINT_KEYS = (Taint.UNREACHABLE, Taint.NOT_READY)
 MANAGED_TAINT_KEYS = (*LIFECYCLE_TAINT_KEYS, Taint.MEMORY_PRESSURE)   # what this controller writes
 UNKNOWN_REASON = "NodeStatusUnknown"
@@ -152,7 +151,7 @@ class NodeLifecycle(Controller):
 
     def _on_lease(self, _t: str, lease: Obj, _o: Obj | None) -> None:
         md = objects.meta(lease)
-        if md.get("namespace") == LEASE_NAMESPACE:
+        if md.get("namespace") == NODE_LEASE_NAMESPACE:
             self.queue.add(md.get("name", ""))
 
     def _on_pod(self, etype: str, pod: Obj, _o: Obj | None) -> None:
@@ -191,7 +190,7 @@ class NodeLifecycle(Controller):
     def _silent_for(self, node: Obj) -> float:
         """Seconds since this controller last saw the node's heartbeat change."""
         name = node["metadata"]["name"]
-        lease = self.leases.get(f"{LEASE_NAMESPACE}/{name}") or {}
+        lease = self.leases.get(f"{NODE_LEASE_NAMESPACE}/{name}") or {}
         ready: Obj = objects.condition(node, Condition.READY) or {}
         marks = (objects.spec(lease).get("renewTime"), ready.get("lastHeartbeatTime"))
         now = time.monotonic()

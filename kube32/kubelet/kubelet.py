@@ -66,7 +66,7 @@ from .. import objects, serving
 from ..aio import wait_set
 from ..client import LEASES, NODES, PODS, ApiError, Client, EventRecorder, Informer
 from ..podfit import allocatable, pod_requests, shortfalls
-from ..terms import Annotation, KubeletScheme, PodPhase, PodReason
+from ..terms import NODE_LEASE_NAMESPACE, Annotation, KubeletScheme, PodPhase, PodReason
 from ..timing import MOVED_AWAY_SECONDS
 from ..urlpath import group_path
 from ..wasm import ChannelRegistry, Module, Pod, PodConfig, PodError, Runtime
@@ -362,13 +362,15 @@ class Kubelet:
         """One request per renewal, as the kubelet's lease controller does once it has its
         Lease: a patch, and a create only when there is none (a GET before each patch
         doubled what a fleet of nodes asks of the API server at rest)."""
-        lease = nodeinfo.lease_object(name, self.options.lease_duration, self.node_uid)
+        lease = nodeinfo.lease_object(name, self.options.lease_duration, self.node_uid, f"{self.ip}:{self.port}")
         try:
-            await self.client.patch(LEASES, name, {"spec": lease["spec"]}, "kube-node-lease")
+            # The annotation rides along: a Lease left by an earlier run names its old port.
+            await self.client.patch(LEASES, name, {"metadata": {"annotations": lease["metadata"]["annotations"]},
+                                                   "spec": lease["spec"]}, NODE_LEASE_NAMESPACE)
         except ApiError as e:
             if e.code != 404:
                 raise
-            await self.client.create(LEASES, lease, "kube-node-lease")
+            await self.client.create(LEASES, lease, NODE_LEASE_NAMESPACE)
 
     # --- pods -----------------------------------------------------------------------
     def worker_by_name(self, ns: str, name: str) -> PodWorker | None:

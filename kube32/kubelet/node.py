@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..terms import Annotation, Condition, KubeletScheme, Label, Resource
+from ..terms import NODE_LEASE_NAMESPACE, Annotation, Condition, KubeletScheme, Label, Resource
 
 MEMORY_PRESSURE_BYTES = 24 << 10
 # Where this machine's identity comes from, in order (the first one readable).
@@ -208,8 +208,11 @@ def node_object(f: NodeFacts, free_heap: int) -> dict[str, Any]:
             "spec": {}, "status": node_status(f, free_heap)}
 
 
-def lease_object(name: str, duration: int, node_uid: str | None) -> dict[str, Any]:
-    md: dict[str, Any] = {"name": name, "namespace": "kube-node-lease"}
+def lease_object(name: str, duration: int, node_uid: str | None, endpoint: str) -> dict[str, Any]:
+    """``endpoint``: the kubelet's "ip:port", so that a join under this name can ask
+    whether this kubelet still runs even after its Node was deleted."""
+    md: dict[str, Any] = {"name": name, "namespace": NODE_LEASE_NAMESPACE,
+                          "annotations": {Annotation.KUBELET_ENDPOINT: endpoint}}
     if node_uid:
         md["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}]
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": md,

@@ -4,6 +4,7 @@ counter pod built from C."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 import warnings
@@ -369,6 +370,41 @@ def test_a_failed_restore_rolls_back_to_the_source_with_the_state(cluster: Contr
         cluster.kubectl("delete", "pod", name, "--wait=false")
         worker.stop()
         cluster.kubectl("delete", "node", "bad-target", "--wait=false", check=False)
+
+
+def _ready(cluster: ControlPlane, name: str) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in get_json(cluster, "node", name)["status"]["conditions"])
+
+
+def test_a_deleted_nodes_name_is_held_while_its_kubelet_runs_and_free_once_it_stops(cluster: ControlPlane) -> None:
+    """A join under the name of a running kubelet whose Node was deleted is refused (it
+    would revoke that kubelet's token); once that kubelet stops, gracefully or killed, the
+    name joins at once, though its Lease is still fresh (the endpoint the Lease names
+    takes no connection)."""
+    first = extra_worker(cluster, "held")
+    lease = get_json(cluster, "lease", "-n", "kube-node-lease", "held")
+    assert lease["metadata"]["annotations"]["kube32.io/kubelet-endpoint"].endswith(
+        f':{get_json(cluster, "node", "held")["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]}')
+    try:
+        cluster.kubectl("delete", "node", "held")
+        second = start(sim_command("worker", "--kubeconfig", str(cluster.data_dir / "node.kubeconfig"),
+                                   "--name", "held"), cluster.data_dir / "held-second.log")
+        assert second.popen.wait(60) == 1
+        text = second.output()
+        assert 'node "held" is held by a running kubelet: its Node is gone' in text and "takes connections" in text, \
+            text[-800:]
+        assert "Traceback" not in text, text[-800:]
+        for stop in (signal.SIGTERM, signal.SIGKILL):
+            first.stop(stop)
+            cluster.kubectl("delete", "node", "held", "--ignore-not-found")
+            t0 = time.monotonic()
+            first = extra_worker(cluster, "held")
+            assert time.monotonic() - t0 < 25, f"rejoin after {stop!r} took {time.monotonic() - t0:.0f} s"
+            assert _ready(cluster, "held")
+    finally:
+        first.stop()
+        cluster.kubectl("delete", "node", "held", "--wait=false", check=False)
 
 
 def test_finished_checkpoints_go_after_the_retention_unless_a_pod_names_them(cluster: ControlPlane, image: str) -> None:
