@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import ssl
 import tempfile
 from dataclasses import dataclass
@@ -28,6 +29,26 @@ from cryptography.x509.oid import NameOID
 
 from ..client import ApiError, Client
 from ..urlpath import group_path
+
+
+CN_PREFIX = "system:node:"
+# X.509 bounds a common name at 64 characters (ub-common-name) and cryptography holds
+# to it, so a node with a serving certificate has a name of at most 52.
+MAX_CERTIFIED_NAME = 64 - len(CN_PREFIX)
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def node_name_problem(name: str, serving_cert: bool = True) -> str | None:
+    """Why ``name`` cannot be a node's name (None when it can): a DNS subdomain of at
+    most 253 characters, labels of at most 63, and of at most `MAX_CERTIFIED_NAME` when the
+    node gets a serving certificate (its CN is ``system:node:<name>``)."""
+    if len(name) > 253 or not _SUBDOMAIN.fullmatch(name) or any(len(label) > 63 for label in name.split(".")):
+        return (f'"{name}" is not a valid node name: lower-case letters, digits, "-" and ".", at most 253 '
+                "characters, 63 between dots, starting and ending with a letter or digit")
+    if serving_cert and len(name) > MAX_CERTIFIED_NAME:
+        return (f'node name "{name}" has {len(name)} characters: a node with a serving certificate has at most '
+                f"{MAX_CERTIFIED_NAME} (its certificate's common name {CN_PREFIX}<name> holds at most 64)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -59,7 +80,7 @@ def make_csr(node: str, hosts: list[str]) -> tuple[bytes, bytes]:
         except ValueError:
             sans.append(x509.DNSName(h))
     csr = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}")]))
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{CN_PREFIX}{node}")]))
            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
            .sign(key, hashes.SHA256()))
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

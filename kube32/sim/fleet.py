@@ -52,11 +52,16 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import os
+import socket
+import stat
 import sys
 import time
 from pathlib import Path
+from typing import IO
 from ..client import PODS, ApiError, Client
 from ..kubelet import Kubelet, KubeletOptions
+from ..kubelet.join import node_name_problem
 from ..kubelet.nodewatch import NodeWatch
 from ..terms import Label
 from ..wasm import Runtime
@@ -87,6 +92,18 @@ def fleet_addresses(first: str, n: int) -> list[str]:
             out.append(str(ipaddress.IPv4Address(value)))
         value += 1
     return out
+
+
+def check_bindable(addresses: list[str]) -> None:
+    """ValueError naming the first of the fleet's first and last addresses that this
+    machine cannot listen on (each node's kubelet endpoint binds its own)."""
+    for address in dict.fromkeys((addresses[0], addresses[-1])):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((address, 0))
+            except OSError as e:
+                raise ValueError(f"this machine cannot listen on {address} ({e.strerror}); --first-address must "
+                                 "start a range of this machine's addresses (127.x.y.z on Linux)") from None
 
 
 def fleet_options(args: argparse.Namespace, names: list[str], addresses: list[str]) -> list[KubeletOptions]:
@@ -239,8 +256,24 @@ async def create_pods(client: Client, nodes: list[str], per_node: int, image: st
     return made
 
 
+def _is_control_stream(stream: IO[str] | None) -> bool:
+    """Whether ``stream`` is a pipe, a socket or a terminal: what the event loop can wait
+    on.  A file or /dev/null (stdin under ``up --fleet`` or a service manager) is not, and
+    asyncio would only report that from inside its loop, as a traceback."""
+    if stream is None:
+        return False
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
+
+
 async def _control(fleet: Fleet) -> None:
     """Control lines from stdin until it ends (no stdin, or a file: no control)."""
+    if not _is_control_stream(sys.stdin):
+        return
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=4096)
     try:
@@ -361,9 +394,12 @@ def fleet_args(args: argparse.Namespace) -> FleetArgs:
         raise SystemExit(f'kube32-sim fleet: --prefix "{args.prefix}" names ordinary nodes; choose another')
     try:
         addresses = fleet_addresses(args.first_address, args.nodes)
+        check_bindable(addresses)
     except ValueError as e:
         raise SystemExit(f"kube32-sim fleet: {e}") from None
     names = [f"{args.prefix}-{i}" for i in range(1, args.nodes + 1)]
+    if (why := node_name_problem(names[-1], serving_cert=not args.kubelet_insecure_http)) is not None:
+        raise SystemExit(f"kube32-sim fleet: --prefix \"{args.prefix}\": {why}")
     return FleetArgs(args.kubeconfig, args.server, fleet_options(args, names, addresses), args.joins_at_once,
                      args.pods_per_node, args.image, args.pods_kubeconfig)
 

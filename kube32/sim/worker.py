@@ -18,6 +18,7 @@ from pathlib import Path
 from ..client import ApiError, Client
 from ..kubelet import Kubelet, KubeletOptions
 from ..kubelet.drain import drain_self
+from ..kubelet.join import node_name_problem
 from ..kubelet.nodewatch import NodeWatch
 from ..testing import WORKER_FAULTS
 from ..quantity import parse_bytes
@@ -54,6 +55,8 @@ def add_node_flags(p: argparse.ArgumentParser, *, default_profile: str, port_fla
 
 def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool = False,
                     data_dir: Path | None = None) -> KubeletOptions:
+    if (why := node_name_problem(name, serving_cert=not args.kubelet_insecure_http)) is not None:
+        raise SystemExit(f"kube32-sim: {why}")
     prof = profile(args.profile)
     try:
         heap = parse_bytes(args.heap) if args.heap else prof.heap_bytes
