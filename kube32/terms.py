@@ -121,6 +121,9 @@ class Condition:
     MEMORY_PRESSURE: Final = "MemoryPressure"     # nodes
     DISK_PRESSURE: Final = "DiskPressure"
     PID_PRESSURE: Final = "PIDPressure"
+    # A node's conditions its kubelet owns (what the node lifecycle marks Unknown; others,
+    # node-problem-detector's, are left to their owner, as Kubernetes' nodeConditionTypes).
+    KUBELET_NODE: Final = (READY, MEMORY_PRESSURE, DISK_PRESSURE, PID_PRESSURE)
     DISRUPTION_ALLOWED: Final = "DisruptionAllowed"   # PodDisruptionBudgets
     DATA_STORED: Final = "DataStored"             # Checkpoints: False while the data is gone
     JOB_COMPLETE: Final = "Complete"              # Jobs (batch/v1): finished, every completion made

@@ -7,9 +7,9 @@ After Kubernetes' ``node_lifecycle_controller.go`` and its taint manager:
   own* clock when either changes (as Kubernetes' probe timestamps do), so clock
   skew between kubelet and control plane does not matter; a node first seen
   counts as heard from then.
-* Not heard from for ``node_monitor_grace_seconds``: its conditions (Ready,
-  MemoryPressure, ...) turn Unknown with reason NodeStatusUnknown, "Kubelet
-  stopped posting node status.", its pods turn not Ready, and a NodeNotReady event
+* Not heard from for ``node_monitor_grace_seconds``: its kubelet's conditions
+  (``Condition.KUBELET_NODE``; another component's stay) turn Unknown with reason
+  NodeStatusUnknown, "Kubelet stopped posting node status.", its pods turn not Ready, and a NodeNotReady event
   is recorded.
 * Taints follow the Ready condition: Unknown -> ``node.kubernetes.io/unreachable``,
   False -> ``node.kubernetes.io/not-ready``, each with NoSchedule and NoExecute;
@@ -244,6 +244,9 @@ class NodeLifecycle(Controller):
         old = objects.status(node).get("conditions") or []
         for c in old:
             c = dict(c)
+            if c.get("type") not in Condition.KUBELET_NODE:
+                conditions.append(c)
+                continue
             if c.get("status") != "Unknown":
                 c["lastTransitionTime"] = now
             c.update(status="Unknown", reason=UNKNOWN_REASON, message=UNKNOWN_MESSAGE)

@@ -211,7 +211,8 @@ class Kubelet:
         try:
             assert self.facts is not None
             status = nodeinfo.node_status(self.facts, self.free_heap(), False, self._transitions)
-            await self.client.patch(NODES, self.options.node_name, {"status": status}, subresource="status")
+            await self.client.patch(NODES, self.options.node_name, {"status": status}, type="strategic",
+                                    subresource="status")
         except (ApiError, AssertionError) as e:
             log.debug("cannot mark the node NotReady: %s", e)
         if self._runner is not None:
@@ -297,7 +298,7 @@ class Kubelet:
             out = await self.client.patch(NODES, self.options.node_name,
                                           {"metadata": {"labels": md["labels"], "annotations": annotations}})
             out = await self.client.patch(NODES, self.options.node_name, {"status": obj["status"]},
-                                          subresource="status")
+                                          type="strategic", subresource="status")
             await drain.rejoin(self.client, self.options.node_name)
         self.node_uid = out["metadata"].get("uid")
         self.node_watch.wrote(out)
@@ -326,7 +327,9 @@ class Kubelet:
             return
         if why is not None and held is not None:
             log.debug("node %s: writing its status: %s", name, why)
-        out = await self.client.patch(NODES, name, {"status": status}, subresource="status")
+        # Strategic, as Kubernetes' kubelet patches its status: conditions merge by type, so
+        # those another component owns (node-problem-detector's) stay.
+        out = await self.client.patch(NODES, name, {"status": status}, type="strategic", subresource="status")
         self._status_written_at = time.monotonic()
         self.node_watch.wrote(out)
 

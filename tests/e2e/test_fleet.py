@@ -85,6 +85,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPla
         cp.proc.stop()
 
 
+FOREIGN = {"type": "KernelDeadlock", "status": "False", "reason": "KernelHasNoDeadlock",
+           "message": "kernel has no deadlock", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+           "lastTransitionTime": "2026-01-01T00:00:00Z"}
+
+
 def nodes(cp: ControlPlane) -> dict[str, dict]:
     items = json.loads(cp.kubectl("get", "nodes", "-o", "json").stdout)["items"]
     return {n["metadata"]["name"]: n for n in items}
@@ -175,10 +180,14 @@ def test_a_killed_fleet_node_turns_unknown_loses_its_pod_and_joins_again(fleet) 
     cp, proc = fleet
     wait_for(lambda: running_on(cp, "fleet-4-1") == "fleet-4", 60, what="fleet-4-1 running")
     assert "error" in proc.command("kill fleet-999", "fleet: error")
+    # Another component's condition (node-problem-detector's): the node lifecycle leaves it.
+    cp.kubectl("patch", "node", "fleet-4", "--subresource=status", "--type=strategic",
+               "-p", json.dumps({"status": {"conditions": [FOREIGN]}}))
     proc.command("kill fleet-4", "fleet: fleet-4 killed")
     # Nothing was written at the kill: the node stays Ready until its Lease is stale.
     assert ready(nodes(cp)["fleet-4"]) == "True"
     wait_for(lambda: ready(nodes(cp)["fleet-4"]) == "Unknown", 30, what="fleet-4 Unknown")
+    assert FOREIGN in nodes(cp)["fleet-4"]["status"]["conditions"]
     wait_for(lambda: (lambda p: p is None or p["metadata"].get("deletionTimestamp")
                       or p["spec"].get("nodeName") != "fleet-4")(pod(cp, "fleet-4-1")), 30,
              what="fleet-4-1 evicted from the lost node")
@@ -219,13 +228,14 @@ def test_a_second_fleet_of_the_same_names_is_refused_and_takes_nothing(fleet, tm
     assert after["requests"] == before["requests"] + 1 and after["init_calls"] == before["init_calls"]
 
 
-def _mark_unknown(cp: ControlPlane, name: str) -> None:
-    """What the node lifecycle does to a node it has not heard from: every condition Unknown."""
+def _mark_unknown(cp: ControlPlane, name: str) -> dict:
+    """What the node lifecycle does to a node it has not heard from: every condition Unknown;
+    and a condition of another component's (node-problem-detector's) beside them."""
     conditions = [{**c, "status": "Unknown", "reason": "NodeStatusUnknown",
                    "message": "Kubelet stopped posting node status."}
-                  for c in nodes(cp)[name]["status"]["conditions"]]
-    cp.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
-               "-p", json.dumps({"status": {"conditions": conditions}}))
+                  for c in nodes(cp)[name]["status"]["conditions"] if c["type"] != FOREIGN["type"]] + [FOREIGN]
+    return json.loads(cp.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-o", "json",
+                                 "-p", json.dumps({"status": {"conditions": conditions}})).stdout)
 
 
 def _watching(proc: FleetProc) -> str:
@@ -245,13 +255,15 @@ def test_a_node_marked_unknown_while_alive_is_put_back_by_its_kubelet(fleet) -> 
     so it must see the Node the server holds: marked Unknown (as the node lifecycle does in a
     control-plane stall), the worker's node (its own watch) and a fleet node (the fleet's shared
     watch, moved to another node's credentials when the node it watched as was killed) are
-    Ready again within seconds, far sooner than their --status-interval 5 and 5 minutes."""
+    Ready again within seconds, far sooner than their --status-interval 5 and 5 minutes, and a
+    condition the kubelet does not own stays (its status patch is strategic, merged by type)."""
     cp, proc = fleet
     for name in ("sim-1", "fleet-5"):
         wait_for(lambda: ready(nodes(cp)[name]) == "True", 30, what=f"{name} Ready")
-        _mark_unknown(cp, name)
-        assert ready(nodes(cp)[name]) == "Unknown"
+        # What the patch stored (a GET after it may already show the kubelet's answer).
+        assert ready(_mark_unknown(cp, name)) == "Unknown"
         wait_for(lambda: ready(nodes(cp)[name]) == "True", 4, interval=0.2, what=f"{name} Ready again")
+        assert FOREIGN in nodes(cp)[name]["status"]["conditions"], "the kubelet dropped a condition it does not own"
     watcher = _watching(proc)
     assert watcher.startswith("fleet-")
     proc.command(f"kill {watcher}", f"fleet: {watcher} killed")
