@@ -354,11 +354,21 @@ class Kubelet:
 
     async def _lease_loop(self) -> None:
         name = self.options.node_name
+        refused = False
         while True:
             try:
                 await self._renew_lease(name)
+                refused = False
             except ApiError as e:
-                log.warning("cannot renew the node lease: %s", e)
+                if e.code == 401 and not refused:
+                    # Said once, plainly: each renewal after it would only repeat the 401.
+                    log.error("node %s: the API server no longer accepts this node's token (401): the node was "
+                              "joined again (kube32-sim worker or fleet under this name) or its token revoked; "
+                              "this kubelet cannot report until it is restarted with the bootstrap kubeconfig",
+                              name)
+                refused = e.code == 401
+                if not refused:
+                    log.warning("cannot renew the node lease: %s", e)
             await asyncio.sleep(self.options.lease_interval)
 
     async def _renew_lease(self, name: str) -> None:

@@ -407,6 +407,24 @@ def test_a_deleted_nodes_name_is_held_while_its_kubelet_runs_and_free_once_it_st
         cluster.kubectl("delete", "node", "held", "--wait=false", check=False)
 
 
+def test_a_kubelet_whose_token_is_revoked_says_so_once(cluster: ControlPlane, tmp_path) -> None:
+    """An admin joining a node again revokes its running kubelet's token: the kubelet logs
+    the cause in one line, once, not a warning per Lease renewal."""
+    worker = extra_worker(cluster, "revoked", "--lease-interval", "1")
+    try:
+        body = tmp_path / "empty.json"
+        body.write_text("{}")
+        cluster.kubectl("create", "--raw", "/apis/kube32.io/v1/nodecredentials/revoked", "-f", str(body))
+        said = "the API server no longer accepts this node's token (401)"
+        wait_for(lambda: said in worker.output(), 30, what="the kubelet to say its token is refused")
+        time.sleep(3)
+        text = worker.output()
+        assert text.count(said) == 1 and "cannot renew the node lease" not in text, text[-1500:]
+    finally:
+        worker.stop()
+        cluster.kubectl("delete", "node", "revoked", "--wait=false", check=False)
+
+
 def test_finished_checkpoints_go_after_the_retention_unless_a_pod_names_them(cluster: ControlPlane, image: str) -> None:
     """The cluster runs with --checkpoint-retention 6s (1 hour by default)."""
     cluster.kubectl("apply", "-f", "-", input=counter_pod("kept", "sim-1", image))
