@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -136,11 +137,20 @@ def test_the_fleet_joins_with_names_and_addresses_of_its_own(fleet) -> None:
 def test_a_pod_runs_on_every_fleet_node(fleet) -> None:
     cp, _ = fleet
 
-    def running() -> int:
+    def not_running() -> list[str]:
         items = json.loads(cp.kubectl("get", "pods", "-l", "kube32.io/fleet-node", "-o", "json").stdout)["items"]
-        return sum(p["status"].get("phase") == "Running" and p["spec"]["nodeName"] == p["metadata"]["name"][:-2]
-                   for p in items)
-    wait_for(lambda: running() == NODES, 60, interval=0.5, what=f"{NODES} pods running on the fleet")
+        ok = {p["metadata"]["name"] for p in items
+              if p["status"].get("phase") == "Running" and p["spec"]["nodeName"] == p["metadata"]["name"][:-2]}
+        return [f'{p["metadata"]["name"]}: {p["status"].get("phase")} on {p["spec"].get("nodeName")} '
+                f'{[c.get("state") for c in p["status"].get("containerStatuses") or []]}'
+                for p in items if p["metadata"]["name"] not in ok] + [f"{NODES - len(items)} missing"] * (
+                    len(items) < NODES)
+    # 50 pods starting on pwasm boards share the fleet's one event loop: on 2 loaded cores
+    # (CI's two legs at once) that has taken over 60 s.
+    deadline = time.monotonic() + 150
+    while (bad := not_running()) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not bad, f"{len(bad)} of the fleet's pods not running on their nodes: {bad[:10]}"
 
 
 def test_a_pod_moves_from_the_fleet_to_a_worker_and_back_with_its_state(fleet) -> None:
