@@ -2,9 +2,10 @@
 
 It lists, then watches from the list's resourceVersion; each event updates
 the cache and calls the handlers (which should only enqueue keys).  When the
-watch ends it resumes from the last resourceVersion seen; after a 410 or an
-error it lists again and reports the differences as events, so handlers see
-every change at least once (level-triggered code tolerates repeats).
+watch ends, or the server does not answer or answers 429, it resumes from the last
+resourceVersion seen (as client-go's reflector); after a 410 or another refusal it
+lists again and reports the differences as events, so handlers see every change at
+least once (level-triggered code tolerates repeats).
 
 An object replaced under its name (a moved pod) comes from the server as DELETED
 (annotated ``kube32.io/replaced-by``, one revision before the write) then ADDED (at
@@ -230,16 +231,28 @@ class Informer:
             except asyncio.CancelledError:
                 raise
             except ApiError as e:
-                need_list = True
+                # As client-go's reflector: a server that did not answer (connection refused
+                # or cut) or asked to slow down (429) most likely still has the revision, so
+                # the watch resumes from it; only a 410 or another refusal lists again.  A
+                # thousand kubelets listing after one hiccup of the API server would hold it
+                # far longer than the hiccup did.
+                resumable = e.code in _RESUMABLE and bool(self._rv) and not need_list
+                need_list = not resumable
                 if e.code != 410:
-                    log.debug("watch of %s failed: %s", self.kind.plural, e)
-                    await asyncio.sleep(backoff)
+                    log.debug("watch of %s failed (%s): %s", self.kind.plural,
+                              "resuming" if resumable else "listing again", e)
+                    await asyncio.sleep(backoff * (1 + random.random()))
                     backoff = min(backoff * 2, 2.0)
             except Exception as e:  # noqa: BLE001 - keep the cache alive across any failure
                 log.warning("informer for %s: %s", self.kind.plural, e)
                 need_list = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+
+# ApiError codes after which a watch resumes from its revision: 0 is no answer at all
+# (kube32.client.rest's connection errors).
+_RESUMABLE = frozenset({0, 429})
 
 
 def _revision(obj: Obj) -> int | None:

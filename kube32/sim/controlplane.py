@@ -25,6 +25,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .. import serving
+from ..collector import SurvivorFreezer
 from ..stalls import StallWatch
 from ..apiserver import pki
 from ..apiserver.auth import APISERVER, load_or_create_tokens, read_token_file, write_kubeconfigs
@@ -241,11 +242,16 @@ async def run_control_plane(opts: ControlPlaneOptions) -> int:
     stalls = StallWatch()
     stalls.start()
     await cp.start()
+    # Full collections scan only what is new since the last one (kube32.collector): at
+    # a thousand nodes each scan of every cached object held the loop for over a second.
+    freezer = SurvivorFreezer()
+    freezer.start()
     print(f"kube32 control plane listening on {cp.url}", flush=True)
     print(f"kubeconfig: {cp.kubeconfig}", flush=True)
     print(f"try: kubectl --kubeconfig {cp.kubeconfig} get nodes,pods", flush=True)
     await stop.wait()
     print("kube32 control plane stopping", flush=True)
+    freezer.stop()
     await cp.stop()
     await stalls.stop()
     return 0

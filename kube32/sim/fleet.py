@@ -59,6 +59,7 @@ import sys
 import time
 from pathlib import Path
 from typing import IO
+from ..collector import SurvivorFreezer
 from ..client import PODS, ApiError, Client
 from ..kubelet import Kubelet, KubeletOptions
 from ..kubelet.join import node_name_problem
@@ -317,6 +318,7 @@ async def run_fleet(fa: FleetArgs, data_dir: Path | None = None) -> int:
     fleet = Fleet(template, fa.options, runtime, fa.joins_at_once)
     stop = stop_on_signals()
     control: asyncio.Task[None] | None = None
+    freezer = SurvivorFreezer()
     try:
         starting = asyncio.create_task(fleet.start_all())
         await asyncio.wait({starting, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
@@ -336,12 +338,16 @@ async def run_fleet(fa: FleetArgs, data_dir: Path | None = None) -> int:
               f"({fa.options[-1].host})" + (f"; not joined: {', '.join(failed)}" if failed else ""), flush=True)
         if fa.pods_per_node and fa.image:
             await _populate(fa, sorted(fleet.nodes))
+        # A thousand kubelets' state is long-lived: full collections scan only what is
+        # new since the last one (kube32.collector).
+        freezer.start()
         control = asyncio.create_task(_control(fleet))
         print("fleet ready (commands on stdin: kill NAME, drain NAME, start NAME, list)", flush=True)
         await stop.wait()
         print(f"kube32 fleet stopping {len(fleet.nodes)} nodes", flush=True)
         return 0
     finally:
+        freezer.stop()
         if control is not None:
             control.cancel()
             await asyncio.gather(control, return_exceptions=True)

@@ -132,3 +132,47 @@ def test_watches_ask_for_bookmarks_and_end_at_different_times() -> None:
             await asyncio.gather(task, return_exceptions=True)
         assert len(timeouts) > 1
     asyncio.run(main())
+
+
+def test_a_watch_cut_by_no_answer_or_429_resumes_and_a_refusal_lists_again() -> None:
+    # Issue 25: at 1,000 nodes one moment without an answer from the API server had every
+    # kubelet list its pods again, on a loop already held by lists.  As client-go's
+    # reflector: no answer or 429 resumes from the revision seen; a 410 or a 403 lists.
+    from kube32.client.rest import ApiError
+
+    class Cut(FakeClient):
+        def __init__(self, failures: list[ApiError]) -> None:
+            super().__init__([pod("a", "n1", 1)], [])
+            self.failures = failures
+            self.lists = 0
+            self.resumed_from: list[str | None] = []
+
+        async def list(self, *a: Any, **k: Any) -> tuple[list[dict], str]:
+            self.lists += 1
+            return await super().list(*a, **k)
+
+        async def watch(self, *_a: Any, **k: Any):
+            self.resumed_from.append(k.get("resource_version"))
+            if self.failures:
+                yield "MODIFIED", pod("a", "n1", 100 + len(self.resumed_from))
+                raise self.failures.pop(0)
+            self.done.set()
+            await asyncio.sleep(3600)
+            yield "MODIFIED", pod("never", None, 0)
+
+    async def run(failures: list[ApiError]) -> Cut:
+        client = Cut(failures)
+        inf = Informer(client, PODS)  # type: ignore[arg-type]
+        task = inf.start()
+        await asyncio.wait_for(client.done.wait(), 10)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return client
+
+    async def main() -> None:
+        cut = await run([ApiError(0, "ConnectionError", "stream ended"), ApiError(429, "TooManyRequests", "")])
+        assert cut.lists == 1 and cut.resumed_from == ["100", "101", "102"]
+        for code in (410, 403, 500):
+            again = await run([ApiError(code, "", "")])
+            assert again.lists == 2 and again.resumed_from == ["100", "100"], code
+    asyncio.run(main())
