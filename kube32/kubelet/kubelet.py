@@ -348,7 +348,8 @@ class Kubelet:
             try:
                 await self._write_node_status()
             except ApiError as e:
-                log.warning("cannot report node status: %s", e)
+                # A refused token (401) is said once, by the Lease loop, with what to do.
+                log.log(logging.DEBUG if e.code == 401 else logging.WARNING, "cannot report node status: %s", e)
             if await wait_set(self._node_dirty, self.options.status_interval):
                 await asyncio.sleep(0.2)   # coalesce a burst of changes into one write
 

@@ -420,6 +420,7 @@ def test_a_kubelet_whose_token_is_revoked_says_so_once(cluster: ControlPlane, tm
         time.sleep(3)
         text = worker.output()
         assert text.count(said) == 1 and "cannot renew the node lease" not in text, text[-1500:]
+        assert "cannot report node status" not in text, text[-1500:]
     finally:
         worker.stop()
         cluster.kubectl("delete", "node", "revoked", "--wait=false", check=False)
