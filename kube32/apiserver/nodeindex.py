@@ -44,8 +44,10 @@ Invariants:
 * :attr:`PodsByNode.revision` only grows: the revision of the last event or PROGRESS
   mark applied (the list's, after a relist).
 * A list is answered from the index only when it asks for the current state (no
-  ``resourceVersion``, ``"0"``, or ``NotOlderThan`` N no newer than the store), reads
-  whole (no ``limit``, no ``continue``) and selects one ``spec.nodeName`` by equality.
+  ``resourceVersion``, ``"0"``, or ``NotOlderThan`` N no newer than the store), is not
+  a ``continue``, holds in one page (a ``limit``, kubectl's 500, above the node's pods
+  in the namespace: the scan then ends without a token too, its selector matching fewer
+  than the limit) and selects one ``spec.nodeName`` by equality.
   Everything else, and an index not synced (before :meth:`start`, relisting after a
   failed watch: :data:`RESTART_PAUSE`), a store whose watch cannot give progress marks
   (etcd here: its watch does not yield them, and its current revision is this client's,
@@ -59,6 +61,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
+from .. import metrics
 from ..store import PROGRESS, KeyValue, Store, WatchEvent, WatchStream
 from . import paging
 from .resources import by_plural
@@ -73,11 +76,14 @@ FIELD = "spec.nodeName"
 WAIT_SECONDS = 1.0      # a list waits at most this long for the index to reach the store's revision
 ASK_EVERY = 0.25        # seconds between two progress requests while it waits (one may be lost to an overflow)
 RESTART_PAUSE = 1.0     # seconds before a failed watch starts again from a list
+LISTS = metrics.REGISTRY.counter(
+    "kube32_pod_lists_by_node_total", "Lists of pods by spec.nodeName, by what answered them (index or scan).",
+    ("answered",))
 
 
 def answerable(options: paging.ListOptions) -> bool:
     """Whether a list with these options may be answered from the index (module docstring)."""
-    return not (options.limit or options.after or options.revision or options.continued)
+    return not (options.after or options.revision or options.continued)
 
 
 class PodsByNode:
@@ -121,22 +127,31 @@ class PodsByNode:
         self._unsynced()
 
     # --- the answer ----------------------------------------------------------------------
-    async def pods(self, ns: str | None, node: str, not_older_than: int = 0) -> tuple[list[KeyValue], int] | None:
+    async def pods(self, ns: str | None, node: str, not_older_than: int = 0,
+                   limit: int = 0) -> tuple[list[KeyValue], int] | None:
         """(the stored versions of ``node``'s pods in ``ns`` (None: every namespace) in key
         order, the revision they are the state at), at least as new as the store's current
-        revision; None when the index cannot say so within :attr:`wait` (the caller scans)."""
+        revision; None when the index cannot say so within :attr:`wait`, or they are
+        ``limit`` or more (more than one page: the scan's pages and continue token)."""
         target = self.store.current_revision
         if not self.synced or not_older_than > target:
             self.fell_back += 1
+            LISTS.inc("scan")
             return None    # (a revision the store has not reached: the scan answers the 504)
         if self.revision < target and not await self._caught_up(target):
             self.fell_back += 1
+            LISTS.inc("scan")
             return None
         # No await from here: the pods as of self.revision, whatever is applied after.
         prefix = self.res.prefix(ns)
         kvs = [kv for key, kv in self._pods.get(node, {}).items() if key.startswith(prefix)]
+        if limit and len(kvs) >= limit:
+            self.fell_back += 1
+            LISTS.inc("scan")
+            return None
         kvs.sort(key=lambda kv: kv.key)
         self.served += 1
+        LISTS.inc("index")
         return kvs, self.revision
 
     async def _caught_up(self, target: int) -> bool:
@@ -261,7 +276,7 @@ class NodeListing(paging.Listing):
         self.indexed: list[KeyValue] | None = None   # the answer, when the index gave it
 
     async def open(self) -> NodeListing:
-        answer = await self.index.pods(self.ns, self.node, self.options.not_older_than)
+        answer = await self.index.pods(self.ns, self.node, self.options.not_older_than, self.options.limit)
         if answer is None:
             await super().open()
             return self

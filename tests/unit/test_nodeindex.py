@@ -55,12 +55,13 @@ async def _list(registry: Registry, ns: str | None, fields: str, labels: str | N
     return listing, [item.kv async for item in listing]
 
 
-async def _scan(registry: Registry, ns: str | None, fields: str, labels: str | None, revision: int) -> list[KeyValue]:
-    """What today's scan answers at ``revision``."""
+async def _scan(registry: Registry, ns: str | None, fields: str, labels: str | None, revision: int,
+                limit: int = 0) -> tuple[list[KeyValue], str]:
+    """What today's scan answers at ``revision``: its items and continue token."""
     fs, ls = parse_field_selector(fields), parse_label_selector(labels)
-    listing = await paging.Listing(registry.store, PODS.prefix(ns), paging.ListOptions(revision=revision), decode,
-                                   lambda obj: Registry.matches(PODS, obj, ls, fs)).open()
-    return [item.kv async for item in listing]
+    listing = await paging.Listing(registry.store, PODS.prefix(ns), paging.ListOptions(limit, revision=revision),
+                                   decode, lambda obj: Registry.matches(PODS, obj, ls, fs)).open()
+    return [item.kv async for item in listing], listing.token
 
 
 def test_a_list_by_node_reads_its_pods_only_and_sees_a_write_at_once() -> None:
@@ -90,7 +91,7 @@ def test_a_list_by_node_reads_its_pods_only_and_sees_a_write_at_once() -> None:
             listing, kvs = await _list(registry, "default", "spec.nodeName=n1")
             assert listing.indexed is not None and listing.revision == store.current_revision
             assert PODS.key("default", "new") in {kv.key for kv in kvs}
-            assert kvs == await _scan(registry, "default", "spec.nodeName=n1", None, listing.revision)
+            assert (kvs, "") == await _scan(registry, "default", "spec.nodeName=n1", None, listing.revision)
             # The pending pods (the scheduler's list): spec.nodeName= selects the unbound.
             listing, kvs = await _list(registry, None, "spec.nodeName=")
             assert listing.indexed is not None and len(kvs) == 8   # p00, p04, ... p28
@@ -106,10 +107,13 @@ def test_what_the_index_does_not_answer_is_the_scan() -> None:
         try:
             for i in range(5):
                 await registry.create(PODS, "default", pod(f"p{i}", "default", "n1"))
-            for options in (paging.ListOptions(limit=2), paging.ListOptions(revision=store.current_revision)):
+            for options in (paging.ListOptions(limit=3), paging.ListOptions(revision=store.current_revision)):
                 listing, kvs = await _list(registry, None, "spec.nodeName=n1", options=options)
                 assert listing.indexed is None if isinstance(listing, NodeListing) else True
-                assert len(kvs) == (2 if options.limit else 5)
+                assert len(kvs) == (3 if options.limit else 5) and bool(listing.token) == bool(options.limit)
+            listing, kvs = await _list(registry, None, "spec.nodeName=n1", options=paging.ListOptions(limit=6))
+            assert isinstance(listing, NodeListing) and listing.indexed is not None   # one page: kubectl's 500
+            assert len(kvs) == 5 and not listing.token
             listing, _ = await _list(registry, None, "spec.nodeName!=n1")
             assert not isinstance(listing, NodeListing)
             # A revision the store has not reached: the scan's 504, not a wait.
@@ -197,7 +201,7 @@ op = st.one_of(
     st.tuples(st.just("other"), st.integers(0, 3)),     # another kind's write: the store's revision moves on
     st.tuples(st.just("turn"),),                         # the loop's turn: the index may read what is queued
     st.tuples(st.just("list"), st.sampled_from((None, *NAMESPACES)), st.sampled_from(NODES),
-              st.sampled_from((None, "l=a", "l!=a")), st.booleans()),
+              st.sampled_from((None, "l=a", "l!=a")), st.booleans(), st.sampled_from((0, 0, 2, 500))),
 )
 
 
@@ -227,14 +231,16 @@ async def _step(registry: Registry, store: SQLiteStore, step: tuple[Any, ...]) -
     elif kind == "turn":
         await asyncio.sleep(0)
     else:
-        _, ns, node, labels, rv0 = step
+        _, ns, node, labels, rv0, limit = step
         fields = f"spec.nodeName={node}" + (",metadata.name!=p3" if labels == "l!=a" else "")
         began = store.current_revision
-        options = paging.ListOptions(not_older_than=0) if rv0 else paging.ListOptions()
+        options = paging.ListOptions(limit=limit, not_older_than=0) if rv0 else paging.ListOptions(limit=limit)
         listing, kvs = await _list(registry, ns, fields, labels, options)
         assert listing.revision >= began
-        assert kvs == await _scan(registry, ns, fields, labels, listing.revision)
-        return isinstance(listing, NodeListing) and listing.indexed is not None
+        assert (kvs, listing.token) == await _scan(registry, ns, fields, labels, listing.revision, limit)
+        served = isinstance(listing, NodeListing) and listing.indexed is not None
+        assert served or limit, "a live index answers every list by node that holds in a page"
+        return served
     return False
 
 
@@ -247,11 +253,11 @@ def test_the_index_answers_what_the_scan_answers_at_its_revision(steps: list[tup
         assert index is not None
         try:
             served = lists = 0
-            for step in [*steps, ("list", None, "n1", None, False)]:
+            for step in [*steps, ("list", None, "n1", None, False, 0)]:
                 served += await _step(registry, store, step)
                 lists += step[0] == "list"
                 index.check()
-            assert served == lists, (served, lists)   # a live index answers every list by node
+            assert served and lists
         finally:
             await _close(registry, store)
     asyncio.run(main())
