@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from kube32.apiserver import paging
-from kube32.apiserver.nodeindex import PodsByNode
+from kube32.apiserver.nodeindex import NodeIndex
 from kube32.apiserver.registry import Registry, encoded
 from kube32.apiserver.resources import by_plural
 from kube32.apiserver.selectors import parse_field_selector, parse_label_selector
@@ -64,7 +64,7 @@ async def run(pods: int, runs: int) -> str:
         for i in range(pods):
             await registry.create(PODS, "default", pod(i))
         print(f"  {pods:,} pods stored in {time.perf_counter() - began:.1f} s", flush=True)
-        index = PodsByNode(registry, registry.shared_decode)
+        index = NodeIndex(store, registry.shared_decode)
         began = time.perf_counter()
         await index.start()
         start_s = time.perf_counter() - began

@@ -4,7 +4,7 @@ answered from it, as kube-apiserver answers it from its watch cache's index.
 A kubelet lists its node's pods (``fieldSelector=spec.nodeName=<node>``) at every start
 and every relist, the scheduler its pending ones (``spec.nodeName=``); a list read and
 filtered every pod of the store, so at 10,000 pods one node's list took 1.7 s and every
-kubelet's relist cost O(all pods) (issue 25).  :class:`PodsByNode` lists the pods once,
+kubelet's relist cost O(all pods) (issue 25).  :class:`NodeIndex` lists the pods once,
 then follows one store watch of the pods prefix (``watch_progress``: its PROGRESS marks
 carry the store's revision past writes of other kinds), and keeps for each node the
 stored versions (:class:`~kube32.store.KeyValue`, the bytes a list sends) of its pods.
@@ -36,12 +36,12 @@ which reads the current state).
 
 Invariants:
 
-* ``_pods[node][key]`` is the stored version of every pod at :attr:`PodsByNode.revision`
+* ``_pods[node][key]`` is the stored version of every pod at :attr:`NodeIndex.revision`
   whose ``spec.nodeName`` is ``node`` (``""``: not bound), and ``_node[key]`` its node:
   each pod is under exactly one node; a node with no pods has no entry (memory O(pods)).
   A pod moved or replaced under its name (another uid, another node: Registry.replace)
   is one PUT: it leaves its old node's entry and joins the new one's in that one step.
-* :attr:`PodsByNode.revision` only grows: the revision of the last event or PROGRESS
+* :attr:`NodeIndex.revision` only grows: the revision of the last event or PROGRESS
   mark applied (the list's, after a relist).
 * A list is answered from the index only when it asks for the current state (no
   ``resourceVersion``, ``"0"``, or ``NotOlderThan`` N no newer than the store), is not
@@ -59,15 +59,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from .. import metrics
 from ..store import PROGRESS, KeyValue, Store, WatchEvent, WatchStream
 from . import paging
 from .resources import by_plural
-
-if TYPE_CHECKING:
-    from .registry import Registry
 
 log = logging.getLogger("kube32.apiserver.nodeindex")
 Obj = dict[str, Any]
@@ -86,15 +83,13 @@ def answerable(options: paging.ListOptions) -> bool:
     return not (options.after or options.revision or options.continued)
 
 
-class PodsByNode:
+class NodeIndex:
     """Every pod's stored version by its ``spec.nodeName``, from a list and the store's watch."""
 
-    def __init__(self, registry: "Registry", decode: Callable[[KeyValue], Obj] | None = None,
-                 wait: float = WAIT_SECONDS) -> None:
-        from .registry import decode as plain_decode
-        self.registry = registry
+    def __init__(self, store: Store, decode: Callable[[KeyValue], Obj], wait: float = WAIT_SECONDS) -> None:
+        self.store = store
         self.res = by_plural("pods")
-        self._decode = decode or plain_decode
+        self._decode = decode   # the registry's shared decode: one per stored version for all its readers
         self.wait = wait
         self._pods: dict[str, dict[str, KeyValue]] = {}   # node -> store key -> stored version
         self._node: dict[str, str] = {}                    # store key -> node
@@ -105,10 +100,6 @@ class PodsByNode:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.served = 0      # lists answered from the index (tests and the bench read these)
         self.fell_back = 0   # lists by node the scan answered (not synced, or not caught up)
-
-    @property
-    def store(self) -> Store:
-        return self.registry.store
 
     @staticmethod
     def usable(store: Store) -> bool:
@@ -265,10 +256,10 @@ class PodsByNode:
 
 
 class NodeListing(paging.Listing):
-    """A list of pods by node: answered from :class:`PodsByNode` when it can (module
+    """A list of pods by node: answered from :class:`NodeIndex` when it can (module
     docstring), else the scan of :class:`~.paging.Listing` it is."""
 
-    def __init__(self, index: PodsByNode, ns: str | None, node: str, store: Store, prefix: str,
+    def __init__(self, index: NodeIndex, ns: str | None, node: str, store: Store, prefix: str,
                  options: paging.ListOptions, decode: Callable[[KeyValue], Obj],
                  keep: Callable[[Obj], bool] | None, decoded: bool = True) -> None:
         super().__init__(store, prefix, options, decode, keep, decoded)

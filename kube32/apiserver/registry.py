@@ -63,7 +63,7 @@ from .limits import MAX_OBJECT, MAX_VALUES
 from .patch import (ApplyConflict, PatchError, PatchLimit, json_merge_patch, json_patch, record_update,
                     server_side_apply, strategic_merge_patch)
 from .resources import Resource, by_plural
-from .nodeindex import PodsByNode
+from .nodeindex import NodeIndex
 from .selectors import FieldSelector
 
 log = logging.getLogger("kube32.apiserver.registry")
@@ -315,7 +315,7 @@ class Registry:
         self._triggers_set: set[str] = set()   # plurals whose trigger function the store has
         # Lists of pods by spec.nodeName answer from here when it can (kube32.apiserver.nodeindex;
         # the server sets and starts it).
-        self.pods_by_node: PodsByNode | None = None
+        self.pods_by_node: NodeIndex | None = None
 
     # --- reads --------------------------------------------------------------
     async def get(self, res: Resource, ns: str | None, name: str) -> Obj:

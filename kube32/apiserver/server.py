@@ -39,7 +39,7 @@ from . import (apimetrics, authz, binding, bodies, checkpointstatus, crds, disco
                nodetokens, paging, podreplacement, rbac, serviceaccounts, tables, watchstream)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .checkpointdata import CheckpointDataAPI
-from .nodeindex import PodsByNode
+from .nodeindex import NodeIndex
 from .dataspace import SIM_CAPACITY, CheckpointDataSpace, Pace
 from .eviction import EvictionHandler
 from ..matching import label_selector
@@ -111,8 +111,8 @@ class APIServer:
         self.registry = Registry(store)
         # Lists of pods by node from a watch-fed index (kube32.apiserver.nodeindex): where
         # the store's watch gives progress marks (SQLite); with etcd lists scan, as before.
-        if PodsByNode.usable(store):
-            self.registry.pods_by_node = PodsByNode(self.registry, self.registry.shared_decode)
+        if NodeIndex.usable(store):
+            self.registry.pods_by_node = NodeIndex(store, self.registry.shared_decode)
         self.watch_encoder = watchstream.WatchEncoder()   # each watch event encoded once for all watchers
         self.bookmark_interval = watchstream.BOOKMARK_INTERVAL
         self.node_ports = nodeports.NodePortAllocator(store)   # cluster-wide, through the store

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kube32.apiserver import nodeindex, paging
 from kube32.apiserver.binding import _bound
-from kube32.apiserver.nodeindex import NodeListing, PodsByNode
+from kube32.apiserver.nodeindex import NodeListing, NodeIndex
 from kube32.apiserver.registry import Registry, decode
 from kube32.apiserver.resources import by_plural
 from kube32.apiserver.selectors import parse_field_selector, parse_label_selector
@@ -37,7 +37,7 @@ async def _cluster(index: bool = True) -> tuple[Registry, SQLiteStore]:
     for ns in NAMESPACES:
         await registry.create(by_plural("namespaces"), None, {"metadata": {"name": ns}}, check_namespace=False)
     if index:
-        registry.pods_by_node = PodsByNode(registry, registry.shared_decode)
+        registry.pods_by_node = NodeIndex(store, registry.shared_decode)
         await registry.pods_by_node.start()
     return registry, store
 
