@@ -55,7 +55,7 @@ from ..store import PROGRESS as STORE_PROGRESS
 from ..store import (Compacted, Conflict, KeyExists, KeyNotFound, KeyValue, Store, StoreError, Unavailable,
                      WatchEvent)
 from ..terms import Annotation, NamespacePhase, PodPhase
-from . import errors, meta, offload, paging
+from . import errors, meta, nodeindex, offload, paging
 from .keylocks import KeyLocks
 from . import jsonshape, schemavalidation, typedfields
 from .jsoncopy import copy_json, drop_nulls
@@ -63,6 +63,7 @@ from .limits import MAX_OBJECT, MAX_VALUES
 from .patch import (ApplyConflict, PatchError, PatchLimit, json_merge_patch, json_patch, record_update,
                     server_side_apply, strategic_merge_patch)
 from .resources import Resource, by_plural
+from .nodeindex import NodeIndex
 from .selectors import FieldSelector
 
 log = logging.getLogger("kube32.apiserver.registry")
@@ -312,6 +313,9 @@ class Registry:
         self.turns = KeyLocks()   # one write of a key at a time here (keylocks.py says why)
         self._watch_objects: dict[tuple[str, int], Obj] = {}  # (key, revision) -> decoded, oldest first
         self._triggers_set: set[str] = set()   # plurals whose trigger function the store has
+        # Lists of pods by spec.nodeName answer from here when it can (kube32.apiserver.nodeindex;
+        # the server sets and starts it).
+        self.pods_by_node: NodeIndex | None = None
 
     # --- reads --------------------------------------------------------------
     async def get(self, res: Resource, ns: str | None, name: str) -> Obj:
@@ -996,6 +1000,12 @@ class Registry:
         keep = (lambda obj: self.matches(res, obj, labels, fields)) if filtered else None
         # Decoded once for every list and watch that reads the same version (200 watches
         # opened with a selector each read the namespace: one decode per object, not 200).
+        node = fields.value_of(nodeindex.FIELD) if fields is not None and res.plural == "pods" else None
+        if node is not None and self.pods_by_node is not None and nodeindex.answerable(options):
+            # One node's pods (a kubelet's list and initial watch, the scheduler's pending
+            # pods): from the index when it is fresh, not a scan of every pod.
+            return nodeindex.NodeListing(self.pods_by_node, ns, node, self.store, res.prefix(ns), options,
+                                         self._shared_decode, keep, decoded)
         return paging.Listing(self.store, res.prefix(ns), options, self._shared_decode, keep, decoded)
 
     async def watch(self, res: Resource, ns: str | None, labels: LabelSelector | None,

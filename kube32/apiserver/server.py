@@ -39,6 +39,7 @@ from . import (apimetrics, authz, binding, bodies, checkpointstatus, crds, disco
                nodetokens, paging, podreplacement, rbac, serviceaccounts, tables, watchstream)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .checkpointdata import CheckpointDataAPI
+from .nodeindex import NodeIndex
 from .dataspace import SIM_CAPACITY, CheckpointDataSpace, Pace
 from .eviction import EvictionHandler
 from ..matching import label_selector
@@ -108,6 +109,10 @@ class APIServer:
         self.images = images.ImageStore(images_dir)
         self.events = eventbus.EventBus()
         self.registry = Registry(store)
+        # Lists of pods by node from a watch-fed index (kube32.apiserver.nodeindex): where
+        # the store's watch gives progress marks (SQLite); with etcd lists scan, as before.
+        if NodeIndex.usable(store):
+            self.registry.pods_by_node = NodeIndex(store, self.registry.shared_decode)
         self.watch_encoder = watchstream.WatchEncoder()   # each watch event encoded once for all watchers
         self.bookmark_interval = watchstream.BOOKMARK_INTERVAL
         self.node_ports = nodeports.NodePortAllocator(store)   # cluster-wide, through the store
@@ -161,6 +166,8 @@ class APIServer:
         await self.node_ports.repair()
         await self.crds.start()
         await self.data.start()
+        if self.registry.pods_by_node is not None:
+            await self.registry.pods_by_node.start()
         if not shared_store:
             await self.report_data_lost()
 
@@ -252,6 +259,8 @@ class APIServer:
         await self.data.close()
         await self.holds.close()
         await self.kubelets.close()
+        if self.registry.pods_by_node is not None:
+            await self.registry.pods_by_node.close()
 
     async def ensure_defaults(self) -> None:
         ns = by_plural("namespaces")

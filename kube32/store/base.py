@@ -40,9 +40,18 @@ class WatchStream:
     watch() subscribed when iteration never started (aclose() of an async generator that
     never ran runs none of its code, so its `finally` cannot)."""
 
-    def __init__(self, events: AsyncGenerator[WatchEvent, None], release: Callable[[], None]) -> None:
+    def __init__(self, events: AsyncGenerator[WatchEvent, None], release: Callable[[], None],
+                 progress: Callable[[], bool] | None = None) -> None:
         self._events = events
         self._release = release
+        self._progress = progress
+
+    def request_progress(self) -> bool:
+        """Ask for a PROGRESS mark at the store's current revision, after every event up
+        to it (etcd's WatchProgressRequest, what kube-apiserver's consistent reads from
+        its cache wait for).  False: this watch cannot give one now (a backend or a
+        watch without marks, one closed or catching up after its queue overflowed)."""
+        return self._progress() if self._progress is not None else False
 
     def __aiter__(self) -> WatchStream:
         return self

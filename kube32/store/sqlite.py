@@ -27,6 +27,10 @@ Invariants:
     `watch_progress`: an untriggered watch that takes those PROGRESS marks too (a quiet
     prefix's watch, resumed after its timeout, would otherwise resume from a compacted
     revision and list again: at 1,000 nodes the controllers' pods informer did).
+    Its stream's `request_progress()` queues a PROGRESS mark at the current revision
+    behind what the watch was pushed: the watch has then read every event up to the
+    store's current revision (a consistent read from a watch-fed cache waits for it:
+    kube32.apiserver.nodeindex).
 """
 
 from __future__ import annotations
@@ -609,15 +613,28 @@ class SQLiteStore(StoreFigures):
         first = None
         if isinstance(prefix, str) and not self._closed:
             first = self._subscribe(prefix, trigger, progress)
+        live: builtins.list[_Watcher | None] = [first]   # the subscription now (a new one after an overflow)
 
         def release() -> None:
             if first is not None:
                 self._unsubscribe(first)
 
-        return WatchStream(self._stream(prefix, start_revision, now, first), release)
+        def request() -> bool:
+            watcher = live[0]
+            if watcher is None or watcher.lagged or watcher.closed or self._closed:
+                return False
+            mark = WatchEvent(PROGRESS, KeyValue(prefix, b"", 0, self._revision), None, self._revision)
+            if not watcher.push(mark):
+                self._unsubscribe(watcher)
+                return False
+            return True
+
+        return WatchStream(self._stream(prefix, start_revision, now, first, live), release,
+                           request if progress else None)
 
     async def _stream(
-        self, prefix: str, start: int, now: int, first: _Watcher | None
+        self, prefix: str, start: int, now: int, first: _Watcher | None,
+        live_watcher: builtins.list[_Watcher | None] | None = None,
     ) -> AsyncGenerator[WatchEvent, None]:
         try:
             prefix = check_prefix(prefix)
@@ -638,7 +655,9 @@ class SQLiteStore(StoreFigures):
                         if len(page) < self.replay_page_size:
                             cursor = upto
                     while (live := await watcher.next()) is not None:
-                        if live.revision > cursor:  # a start_revision in the future
+                        # (a start_revision in the future; a requested PROGRESS mark may
+                        # be at the revision the replay ended at)
+                        if live.revision > cursor or (live.type == PROGRESS and live.revision == cursor):
                             yield live
                             cursor = live.revision
                 finally:
@@ -647,6 +666,8 @@ class SQLiteStore(StoreFigures):
                     return
                 # The queue overflowed (the reader was slow): catch up from the log.
                 watcher, upto = self._subscribe(prefix, watcher.trigger, watcher.progress), self._revision
+                if live_watcher is not None:
+                    live_watcher[0] = watcher
         finally:
             if first is not None:
                 self._unsubscribe(first)
