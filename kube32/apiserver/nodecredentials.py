@@ -65,6 +65,7 @@ Obj = dict[str, Any]
 PATH = GROUP_PATH + "/nodecredentials/{name}"
 MAX_BODY = 16 << 10
 HOLDER_PROBE_TIMEOUT = 1.0   # a kubelet that takes no connection within this is no holder
+FUTURE_SKEW = 5.0            # seconds: a Lease written later than now by more than this was not renewed
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -105,12 +106,9 @@ async def _check_not_held(registry: Registry, obj: Obj | None, node: str) -> Non
     lease = await registry.try_get(by_plural("leases"), NODE_LEASE_NAMESPACE, node)
     if lease is None:
         return
-    renewed = objects.parse_time(get_path(lease, "spec", "renewTime"))
     duration = get_path(lease, "spec", "leaseDurationSeconds", default=40)
-    if renewed is None or not isinstance(duration, int):
-        return
-    age = (objects.now() - renewed).total_seconds()
-    if age > duration:
+    age = _age(lease)
+    if age is None or not isinstance(duration, int) or age > duration:
         return
     if obj is None:
         # Its Node deleted while its kubelet still renews the Lease (round 25b): a join
@@ -120,7 +118,7 @@ async def _check_not_held(registry: Registry, obj: Obj | None, node: str) -> Non
             return
         raise errors.conflict("nodecredentials", node, GROUP, why=(
             f'node "{node}" is held by a running kubelet: its Node is gone but its Lease was renewed '
-            f"{max(age, 0):.0f} s ago" + (f" and its kubelet endpoint {lease_ep[0]}:{lease_ep[1]} takes connections"
+            f"{age:.0f} s ago" + (f" and its kubelet endpoint {lease_ep[0]}:{lease_ep[1]} takes connections"
                                           if lease_ep else "")
             + f"; stop that kubelet first (or wait until its Lease is {duration} s old), or join under another name"))
     try:
@@ -130,9 +128,27 @@ async def _check_not_held(registry: Registry, obj: Obj | None, node: str) -> Non
     if not await _accepts_connections(ep.host, ep.port):
         return
     raise errors.conflict("nodecredentials", node, GROUP, why=(
-        f'node "{node}" is held by a running kubelet: its Lease was renewed {max(age, 0):.0f} s ago and its '
+        f'node "{node}" is held by a running kubelet: its Lease was renewed {age:.0f} s ago and its '
         f"kubelet endpoint {ep.host}:{ep.port} takes connections; stop that kubelet first (or wait until its "
         f"Lease is {duration} s old), or join under another name"))
+
+
+def _age(lease: Obj) -> float | None:
+    """Seconds since the Lease was last renewed, by this control plane's clock: since its
+    last write (the newest time of its managedFields, which the API server stamps), as
+    Kubernetes' node lifecycle judges a Lease by when it saw it change, not by the
+    ``renewTime`` the kubelet's clock wrote (a board's clock ahead by a day held its name
+    for a day, round 25c).  None: never renewed (no ``renewTime``)."""
+    renewed = objects.parse_time(get_path(lease, "spec", "renewTime"))
+    if renewed is None:
+        return None
+    stamps = [objects.parse_time(e.get("time")) for e in objects.meta(lease).get("managedFields") or []
+              if isinstance(e, dict)]
+    written = max((t for t in stamps if t is not None), default=None)
+    age = (objects.now() - (written or renewed)).total_seconds()
+    # A stamp in the future was written by a client (managedFields given in the body):
+    # no renewal this control plane saw, so it holds nothing.
+    return max(age, 0.0) if age > -FUTURE_SKEW else None
 
 
 def _lease_endpoint(lease: Obj) -> tuple[str, int] | None:

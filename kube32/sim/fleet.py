@@ -53,7 +53,6 @@ import dataclasses
 import ipaddress
 import logging
 import os
-import socket
 import stat
 import sys
 import time
@@ -66,7 +65,7 @@ from ..kubelet.join import node_name_problem
 from ..kubelet.nodewatch import NodeWatch
 from ..terms import Label
 from ..wasm import Runtime
-from .worker import kubelet_options, node_client, start_node, stop_node, stop_on_signals
+from .worker import address_problem, kubelet_options, node_client, start_node, stop_node, stop_on_signals
 
 log = logging.getLogger("kube32.sim.fleet")
 
@@ -99,12 +98,8 @@ def check_bindable(addresses: list[str]) -> None:
     """ValueError naming the first of the fleet's first and last addresses that this
     machine cannot listen on (each node's kubelet endpoint binds its own)."""
     for address in dict.fromkeys((addresses[0], addresses[-1])):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((address, 0))
-            except OSError as e:
-                raise ValueError(f"this machine cannot listen on {address} ({e.strerror}); --first-address must "
-                                 "start a range of this machine's addresses (127.x.y.z on Linux)") from None
+        if (why := address_problem(address)) is not None:
+            raise ValueError(f"--first-address: {why}; it must start a range of this machine's addresses")
 
 
 def fleet_options(args: argparse.Namespace, names: list[str], addresses: list[str]) -> list[KubeletOptions]:
@@ -281,17 +276,35 @@ async def _control(fleet: Fleet) -> None:
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     except (ValueError, OSError):
         return
-    while True:
-        try:
-            line = await reader.readline()
-        except ValueError:   # a line over the limit: not a command
-            print("fleet: error: line too long", flush=True)
-            continue
-        if not line:
-            return
-        answer = await fleet.command(line.decode(errors="replace"))
+    while (line := await read_command(reader)) is not None:
+        if line is TOO_LONG:
+            answer = "fleet: error: line too long"
+        else:
+            answer = await fleet.command(line.decode(errors="replace"))
         if answer:
             print(answer, flush=True)
+
+
+TOO_LONG = b"\0"   # read_command's answer for a line over the reader's limit (compared by identity)
+
+
+async def read_command(reader: asyncio.StreamReader) -> bytes | None:
+    """The next line of ``reader``; :data:`TOO_LONG` for a line over its limit, read to its
+    end and dropped (one answer a line: a script reads one per command); None at the end."""
+    too_long = False
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as e:   # the end: a last line without its newline
+            if too_long:
+                return TOO_LONG
+            return e.partial or None
+        except asyncio.LimitOverrunError as e:
+            # What is over the limit stays in the buffer: drop it and read on to the line's end.
+            await reader.readexactly(e.consumed)
+            too_long = True
+            continue
+        return TOO_LONG if too_long else line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,7 +345,7 @@ async def run_fleet(fa: FleetArgs, data_dir: Path | None = None) -> int:
             return 1
         joined = sorted(fleet.joined_at.values())
         first = fa.options[0]
-        print(f"kube32 fleet of {len(fleet.nodes)} nodes ({first.profile}, engine "
+        print(f"kube32 fleet of {len(fleet.nodes)} node{'s' if len(fleet.nodes) != 1 else ''} ({first.profile}, engine "
               f"{runtime.engine.runtime_version}) joined {template.server} in {joined[-1]:.1f} s; "
               f"nodes {fa.options[0].node_name} ({fa.options[0].host}) ... {fa.options[-1].node_name} "
               f"({fa.options[-1].host})" + (f"; not joined: {', '.join(failed)}" if failed else ""), flush=True)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -53,10 +55,30 @@ def add_node_flags(p: argparse.ArgumentParser, *, default_profile: str, port_fla
                    help="inject a fault, for reliability tests: " + ", ".join(WORKER_FAULTS))
 
 
+def address_problem(address: str) -> str | None:
+    """Why a node cannot have ``address`` (its kubelet endpoint and NodePorts listen
+    there, its certificate names it): not an IPv4 address, or one this machine cannot
+    listen on; None when it can.  Said before the join, which would otherwise refuse it
+    with a certificate's words or fail to connect without a cause."""
+    try:
+        ip = ipaddress.IPv4Address(address)
+    except ValueError:
+        return f'"{address}" is not an IPv4 address (a node\'s address is one, e.g. 127.0.0.2)'
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((str(ip), 0))
+        except OSError as e:
+            return (f"this machine cannot listen on {ip} ({e.strerror}); a node's address must be one of this "
+                    "machine's (127.x.y.z on Linux)")
+    return None
+
+
 def kubelet_options(args: argparse.Namespace, name: str, *, control_plane: bool = False,
                     data_dir: Path | None = None) -> KubeletOptions:
     if (why := node_name_problem(name, serving_cert=not args.kubelet_insecure_http)) is not None:
         raise SystemExit(f"kube32-sim: {why}")
+    if (why := address_problem(args.address)) is not None:
+        raise SystemExit(f"kube32-sim: --address: {why}")
     prof = profile(args.profile)
     try:
         heap = parse_bytes(args.heap) if args.heap else prof.heap_bytes

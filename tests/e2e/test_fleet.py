@@ -306,3 +306,10 @@ def test_up_with_a_fleet_starts_its_boards_and_logs_no_error(tmp_path: Path) -> 
         out = subprocess.run(sim_command("fleet", "--kubeconfig", kubeconfig, "--nodes", "3", *flags),
                              capture_output=True, text=True, cwd=ROOT, timeout=60, stdin=subprocess.DEVNULL)
         assert out.returncode != 0 and why in out.stderr and "Traceback" not in out.stderr, (flags, out.stderr)
+    # A worker's --address, checked as a fleet's is (round 25c: a CSR's DNS-name 422, or
+    # "cannot reach the API server" with no cause).
+    for address, why in (("999.1.1.1", "is not an IPv4 address"), ("::1", "is not an IPv4 address"),
+                         ("localhost", "is not an IPv4 address"), ("10.255.255.1", "cannot listen on 10.255.255.1")):
+        out = subprocess.run(sim_command("worker", "--kubeconfig", kubeconfig, "--name", "addr", "--address", address),
+                             capture_output=True, text=True, cwd=ROOT, timeout=60, stdin=subprocess.DEVNULL)
+        assert out.returncode != 0 and why in out.stderr and "Traceback" not in out.stderr, (address, out.stderr)

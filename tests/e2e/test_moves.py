@@ -3,6 +3,7 @@ endpoints", "What keeps a pod from moving"): real processes, real kubectl, the
 counter pod built from C."""
 from __future__ import annotations
 
+import datetime
 import json
 import signal
 import threading
@@ -405,6 +406,27 @@ def test_a_deleted_nodes_name_is_held_while_its_kubelet_runs_and_free_once_it_st
     finally:
         first.stop()
         cluster.kubectl("delete", "node", "held", "--wait=false", check=False)
+
+
+def test_a_lease_stamped_in_the_future_holds_its_name_only_for_its_duration(cluster: ControlPlane) -> None:
+    """A board whose clock runs a day ahead wrote its Lease's renewTime; it died.  The name
+    is free once the Lease's duration has passed by the control plane's clock (round 25c:
+    it was held for the day, "renewed 0 s ago")."""
+    ahead = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)).strftime(
+        "%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "ahead", "namespace": "kube-node-lease"},
+             "spec": {"holderIdentity": "ahead", "leaseDurationSeconds": 4, "renewTime": ahead}}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(lease))
+    worker = None
+    try:
+        time.sleep(6)
+        worker = extra_worker(cluster, "ahead")
+        assert _ready(cluster, "ahead")
+    finally:
+        if worker is not None:
+            worker.stop()
+        cluster.kubectl("delete", "node", "ahead", "--wait=false", check=False)
 
 
 def test_a_kubelet_whose_token_is_revoked_says_so_once(cluster: ControlPlane, tmp_path) -> None:
