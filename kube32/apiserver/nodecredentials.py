@@ -56,6 +56,7 @@ from .proxy import kubelet_endpoint
 from .rbac import BOOTSTRAP_GROUP
 from .resources import by_plural
 from .auth import TokenAuthenticator, User
+from .nodeindex import NodeIndex
 from .nodetokens import NodeTokens
 from .registry import Registry
 from .routing import json_response
@@ -133,6 +134,24 @@ async def _check_not_held(registry: Registry, obj: Obj | None, node: str) -> Non
         f"Lease is {duration} s old), or join under another name"))
 
 
+async def _address_warning(registry: Registry, by_address: NodeIndex, node: str, address: str) -> str | None:
+    """What to tell a node joining on ``address`` when another node with it as its
+    InternalIP is held by a running kubelet (:func:`_check_not_held`): the two collide on
+    their NodePorts (round 25c: the second one's NodePort Services never served).  A
+    warning, not a refusal: kube-apiserver takes any addresses, and a worker's default
+    address is the control plane's node's (127.0.0.1).  None when no running node has it."""
+    for other in await by_address.names(address) or ():
+        if other == node:
+            continue
+        try:
+            await _check_not_held(registry, await registry.try_get(by_plural("nodes"), None, other), other)
+        except errors.APIError:
+            return (f'address {address} is also node "{other}"\'s, whose kubelet runs: the two nodes\' NodePort '
+                    "Services collide there (one of them cannot listen); give this node an address of its own "
+                    "(kube32-sim worker --address, fleet --first-address)")
+    return None
+
+
 def _age(lease: Obj) -> float | None:
     """Seconds since the Lease was last renewed, by this control plane's clock: since its
     last write (the newest time of its managedFields, which the API server stamps), as
@@ -178,8 +197,10 @@ async def _accepts_connections(host: str, port: int) -> bool:
 
 
 def add_routes(router: web.UrlDispatcher, registry: Registry, auth: TokenAuthenticator, node_tokens: NodeTokens,
-               pki_dir: Path | None) -> None:
-    """``pki_dir``: the cluster CA that signs kubelet certificates (None: tokens only)."""
+               pki_dir: Path | None, by_address: NodeIndex | None = None) -> None:
+    """``pki_dir``: the cluster CA that signs kubelet certificates (None: tokens only);
+    ``by_address``: the Nodes by InternalIP (None: a join's address is not compared with
+    other nodes')."""
     async def issue(request: web.Request) -> web.Response:
         node = request.match_info["name"]
         if not _SUBDOMAIN.fullmatch(node) or len(node) > 253:
@@ -207,9 +228,12 @@ def add_routes(router: web.UrlDispatcher, registry: Registry, auth: TokenAuthent
             except pki.CSRError as e:
                 raise errors.invalid("NodeCredentials", node, [("csr", f"Invalid value: {e}")], GROUP) from None
             ca = pki.ensure_pki(pki_dir).apiserver.read_text()
+        warning = (await _address_warning(registry, by_address, node, address)
+                   if by_address is not None and address else None)
         token = await node_tokens.issue(auth.service_accounts, node)
         return json_response({"kind": "NodeCredentials", "apiVersion": API_VERSION,
                               "metadata": {"name": node}, "user": f"system:node:{node}",
-                              "token": token, "certificate": cert, "ca": ca}, 201)
+                              "token": token, "certificate": cert, "ca": ca,
+                              "warnings": [warning] if warning else []}, 201)
 
     router.add_post(PATH, issue)

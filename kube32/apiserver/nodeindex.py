@@ -63,7 +63,7 @@ import asyncio
 import logging
 from typing import Any, AsyncIterator, Callable
 
-from .. import metrics
+from .. import metrics, objects
 from ..store import PROGRESS, KeyValue, Store, WatchEvent, WatchStream
 from . import paging
 from .resources import by_plural
@@ -88,10 +88,14 @@ def answerable(options: paging.ListOptions) -> bool:
 class NodeIndex:
     """Every pod's stored version by its ``spec.nodeName``, from a list and the store's watch."""
 
-    def __init__(self, store: Store, decode: Callable[[KeyValue], Obj], wait: float = WAIT_SECONDS) -> None:
+    def __init__(self, store: Store, decode: Callable[[KeyValue], Obj], wait: float = WAIT_SECONDS, *,
+                 plural: str = "pods", value_of: Callable[[Obj], str] | None = None) -> None:
         self.store = store
-        self.res = by_plural("pods")
+        self.res = by_plural(plural)
         self._decode = decode   # the registry's shared decode: one per stored version for all its readers
+        # What an object is filed under: a pod's spec.nodeName (the default), a Node's
+        # address (:func:`internal_ip`, for joins), or anything one stored version decides.
+        self._value_of = value_of or (lambda obj: self.res.strategy.fields(obj).get(FIELD, ""))
         self.wait = wait
         self._pods: dict[str, dict[str, KeyValue]] = {}   # node -> store key -> stored version
         self._node: dict[str, str] = {}                    # store key -> node
@@ -128,24 +132,33 @@ class NodeIndex:
         ``limit`` or more (more than one page: the scan's pages and continue token)."""
         target = self.store.current_revision
         if not self.synced or not_older_than > target:
-            self.fell_back += 1
-            LISTS.inc("scan")
+            self._fell_back()
             return None    # (a revision the store has not reached: the scan answers the 504)
         if self.revision < target and not await self._caught_up(target):
-            self.fell_back += 1
-            LISTS.inc("scan")
+            self._fell_back()
             return None
         # No await from here: the pods as of self.revision, whatever is applied after.
         prefix = self.res.prefix(ns)
         kvs = [kv for key, kv in self._pods.get(node, {}).items() if key.startswith(prefix)]
         if limit and len(kvs) >= limit:
-            self.fell_back += 1
-            LISTS.inc("scan")
+            self._fell_back()
             return None
         kvs.sort(key=lambda kv: kv.key)
         self.served += 1
-        LISTS.inc("index")
+        if self.res.plural == "pods":
+            LISTS.inc("index")
         return kvs, self.revision
+
+    def _fell_back(self) -> None:
+        self.fell_back += 1
+        if self.res.plural == "pods":   # the metric counts lists of pods by node
+            LISTS.inc("scan")
+
+    async def names(self, value: str) -> list[str] | None:
+        """The names of the objects filed under ``value`` (every namespace), as fresh as
+        :meth:`pods`; None when the index cannot say."""
+        answer = await self.pods(None, value)
+        return None if answer is None else [str(objects.meta(self._decode(kv)).get("name")) for kv in answer[0]]
 
     async def _caught_up(self, target: int) -> bool:
         loop = asyncio.get_running_loop()
@@ -231,7 +244,7 @@ class NodeIndex:
             self._wake()
 
     def _put(self, kv: KeyValue) -> None:
-        node = self.res.strategy.fields(self._decode(kv)).get(FIELD, "")
+        node = self._value_of(self._decode(kv))
         old = self._node.get(kv.key)
         if old is not None and old != node:
             self._drop(kv.key)
@@ -255,6 +268,15 @@ class NodeIndex:
             assert pods
             for key in pods:
                 assert self._node[key] == node
+
+
+def internal_ip(node: Obj) -> str:
+    """A Node's InternalIP ("" when it has none): what a second node joining on the same
+    address would collide with (its NodePorts, its kubelet endpoint's certificate)."""
+    for address in objects.status(node).get("addresses") or []:
+        if isinstance(address, dict) and address.get("type") == "InternalIP":
+            return str(address.get("address") or "")
+    return ""
 
 
 class NodeListing(paging.Listing):

@@ -39,7 +39,7 @@ from . import (apimetrics, authz, binding, bodies, checkpointstatus, crds, disco
                nodetokens, paging, podreplacement, rbac, serviceaccounts, tables, watchstream)
 from .auth import PUBLIC_PATHS, TokenAuthenticator
 from .checkpointdata import CheckpointDataAPI
-from .nodeindex import NodeIndex
+from .nodeindex import NodeIndex, internal_ip
 from .dataspace import SIM_CAPACITY, CheckpointDataSpace, Pace
 from .eviction import EvictionHandler
 from ..matching import label_selector
@@ -111,8 +111,12 @@ class APIServer:
         self.registry = Registry(store)
         # Lists of pods by node from a watch-fed index (kube32.apiserver.nodeindex): where
         # the store's watch gives progress marks (SQLite); with etcd lists scan, as before.
+        # Nodes by address, so a join on an address a running node has is refused.
+        self.nodes_by_address: NodeIndex | None = None
         if NodeIndex.usable(store):
             self.registry.pods_by_node = NodeIndex(store, self.registry.shared_decode)
+            self.nodes_by_address = NodeIndex(store, self.registry.shared_decode, plural="nodes",
+                                              value_of=internal_ip)
         self.watch_encoder = watchstream.WatchEncoder()   # each watch event encoded once for all watchers
         self.bookmark_interval = watchstream.BOOKMARK_INTERVAL
         self.node_ports = nodeports.NodePortAllocator(store)   # cluster-wide, through the store
@@ -166,8 +170,9 @@ class APIServer:
         await self.node_ports.repair()
         await self.crds.start()
         await self.data.start()
-        if self.registry.pods_by_node is not None:
-            await self.registry.pods_by_node.start()
+        for index in (self.registry.pods_by_node, self.nodes_by_address):
+            if index is not None:
+                await index.start()
         if not shared_store:
             await self.report_data_lost()
 
@@ -236,7 +241,8 @@ class APIServer:
         r.add_route("*", "/api/v1/{tail:.*}", self.resource)
         r.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self.token_review)
         authz.add_routes(r, self.authorizer)
-        nodecredentials.add_routes(r, self.registry, self.auth, self.node_tokens, self.pki_dir)
+        nodecredentials.add_routes(r, self.registry, self.auth, self.node_tokens, self.pki_dir,
+                                   self.nodes_by_address)
         images.add_routes(r, self.images)   # before the generic /apis/{group}/{version}/... routes
         eventbus.add_routes(r, self.events, self.registry.check_namespace_open)
         for slash in ("", "/"):
@@ -259,8 +265,9 @@ class APIServer:
         await self.data.close()
         await self.holds.close()
         await self.kubelets.close()
-        if self.registry.pods_by_node is not None:
-            await self.registry.pods_by_node.close()
+        for index in (self.registry.pods_by_node, self.nodes_by_address):
+            if index is not None:
+                await index.close()
 
     async def ensure_defaults(self) -> None:
         ns = by_plural("namespaces")

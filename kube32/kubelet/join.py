@@ -15,6 +15,7 @@ node still gets its token but serves plain HTTP.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
 import ssl
@@ -30,6 +31,7 @@ from cryptography.x509.oid import NameOID
 from ..client import ApiError, Client
 from ..urlpath import group_path
 
+log = logging.getLogger("kube32.kubelet")
 
 CN_PREFIX = "system:node:"
 # X.509 bounds a common name at 64 characters (ub-common-name) and cryptography holds
@@ -97,6 +99,8 @@ async def join(client: Client, node: str, hosts: list[str], *, serving_cert: boo
         out = await client.post_json(group_path("nodecredentials", node), body)
     except ApiError as e:
         raise ApiError(e.code, e.reason, f"node {node} could not join the cluster: {e.message}") from None
+    for warning in out.get("warnings") or []:   # e.g. another running node has this address
+        log.warning("node %s joined, but: %s", node, warning)
     await client.close()            # the next session carries the node's own token
     client.token = out["token"]
     return NodeCredentials(out.get("user", f"system:node:{node}"), out["token"],

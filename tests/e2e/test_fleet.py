@@ -238,6 +238,26 @@ def test_a_second_fleet_of_the_same_names_is_refused_and_takes_nothing(fleet, tm
     assert after["requests"] == before["requests"] + 1 and after["init_calls"] == before["init_calls"]
 
 
+def test_a_worker_on_a_running_fleet_nodes_address_is_told_its_nodeports_collide(fleet, tmp_path: Path) -> None:
+    """Round 25c: a worker started with ``--address`` of a running fleet node joined without
+    a word, and its NodePort Services never served (the address's ports were the other's).
+    As kube-apiserver it takes the join, and it says why that node's NodePorts will not all
+    serve; the fleet node keeps its address and its Ready."""
+    cp, _ = fleet
+    address = next(a["address"] for a in nodes(cp)["fleet-1"]["status"]["addresses"] if a["type"] == "InternalIP")
+    worker = start(sim_command("worker", "--kubeconfig", str(cp.data_dir / "node.kubeconfig"), "--name", "twin",
+                               "--address", address, "--interp-mops", "5", "--data-dir", str(tmp_path / "twin")),
+                   tmp_path / "twin.log")
+    try:
+        said = f'address {address} is also node "fleet-1"\'s, whose kubelet runs'
+        wait_for(lambda: said in worker.output(), 60, what="the join's warning")
+        assert "Traceback" not in worker.output()
+    finally:
+        worker.stop()
+        cp.kubectl("delete", "node", "twin", "--wait=false", check=False)
+    assert ready(nodes(cp)["fleet-1"]) == "True"
+
+
 def _mark_unknown(cp: ControlPlane, name: str) -> dict:
     """What the node lifecycle does to a node it has not heard from: every condition Unknown;
     and a condition of another component's (node-problem-detector's) beside them."""
