@@ -21,6 +21,9 @@ patch and write keeps (kube-apiserver's numbers where it has one).
   and Kubernetes' Go decoders read a number into a 64-bit integer or float: one past
   a float's range (``1e999``, a 400-digit integer) fails every Go client that reads
   the object back (kubectl: "invalid character 'I'" for Python's ``Infinity``).
+* ``MAX_REQUEST_LINE``: bytes of a request line (method, path and query).  Go's HTTP
+  server, kube-apiserver's, takes 1 MiB of request line and headers; aiohttp's 8190 made
+  a long field selector (500 terms) a plain-text 400 from the HTTP layer (round 25d).
 * ``MAX_JSON_PATCH_OPERATIONS`` and ``JSON_PATCH_MAX_COPY_BYTES``: kube-apiserver's
   ``maxJSONPatchOperations`` and ``JSONPatchMaxCopyBytes`` (the size a JSON patch's
   ``copy`` operations may add, together).
@@ -30,6 +33,7 @@ from __future__ import annotations
 import math
 
 MAX_BODY = 3 * 1024 * 1024
+MAX_REQUEST_LINE = 1 << 20
 MAX_DECODED = MAX_BODY
 MAX_DEPTH = 100
 MAX_VALUES = 200_000

@@ -78,7 +78,8 @@ def too_large(wanted: int, current: int) -> errors.APIError:
     return errors.APIError(504, "Timeout", f"Too large resource version: {wanted}, current: {current}",
                            details={"causes": [{"reason": "ResourceVersionTooLarge",
                                                 "message": "Too large resource version"}],
-                                    "retryAfterSeconds": 1})
+                                    "retryAfterSeconds": 1},
+                           headers={"Retry-After": "1"})   # client-go's retry reads the header
 
 
 # --- continue tokens -----------------------------------------------------------------

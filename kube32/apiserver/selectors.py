@@ -210,22 +210,60 @@ class FieldSelector:
 
 
 def parse_field_selector(text: str | None) -> FieldSelector:
+    r"""A field selector as apimachinery's ``fields.ParseSelector`` reads it: terms split
+    at commas no backslash escapes, each ``field``, the first ``!=``, ``==`` or ``=``, and
+    a value whose ``\\``, ``\,`` and ``\=`` are escapes; an unescaped ``,`` or ``=`` in
+    a value, another escape or a trailing backslash is a 400 (round 25d: ``dev\kit`` and
+    ``===devkit`` matched nothing instead).  Nothing is trimmed: ``x `` is not ``x``."""
     if not text:
         return FieldSelector()
     terms = []
-    for term in text.split(","):
-        term = term.strip()
+    for term in _split_terms(text):
         if not term:
             continue
-        if "!=" in term:
-            k, v = term.split("!=", 1)
-            terms.append((k.strip(), "!=", v.strip()))
-        elif "==" in term:
-            k, v = term.split("==", 1)
-            terms.append((k.strip(), "=", v.strip()))
-        elif "=" in term:
-            k, v = term.split("=", 1)
-            terms.append((k.strip(), "=", v.strip()))
+        for i in range(len(term)):
+            op = next((o for o in _FIELD_OPERATORS if term.startswith(o, i)), None)
+            if op is not None:
+                terms.append((term[:i], "!=" if op == "!=" else "=", _unescape(term[i + len(op):])))
+                break
         else:
-            raise bad_request(f"invalid field selector: {term!r}: expected an operator (=, == or !=)")
+            raise bad_request(f"invalid selector: '{text}'; can't understand '{term}'")
     return FieldSelector(tuple(terms))
+
+
+_FIELD_OPERATORS = ("!=", "==", "=")
+
+
+def _split_terms(text: str) -> list[str]:
+    terms, start, escaped = [], 0, False
+    for i, c in enumerate(text):
+        if escaped:
+            escaped = False
+        elif c == "\\":
+            escaped = True
+        elif c == ",":
+            terms.append(text[start:i])
+            start = i + 1
+    terms.append(text[start:])
+    return terms
+
+
+def _unescape(value: str) -> str:
+    if not any(c in value for c in "\\,="):
+        return value
+    out, escaped = [], False
+    for c in value:
+        if escaped:
+            if c not in "\\,=":
+                raise bad_request(f"invalid field selector: invalid escape sequence: \\{c}")
+            out.append(c)
+            escaped = False
+        elif c == "\\":
+            escaped = True
+        elif c in ",=":
+            raise bad_request(f"invalid field selector: unescaped character in value: {c}")
+        else:
+            out.append(c)
+    if escaped:
+        raise bad_request("invalid field selector: invalid escape sequence: \\")
+    return "".join(out)

@@ -30,6 +30,7 @@ from ..stalls import StallWatch
 from ..apiserver import pki
 from ..apiserver.auth import APISERVER, load_or_create_tokens, read_token_file, write_kubeconfigs
 from ..apiserver.dataspace import SIM_CAPACITY, CheckpointDataSpace
+from ..apiserver.limits import MAX_REQUEST_LINE
 from ..apiserver.server import APIServer
 from ..client import Client
 from ..controllers.base import ControllerOptions
@@ -122,7 +123,8 @@ class ControlPlane:
                                  images_dir=self.opts.data_dir / "images", pki_dir=pki_dir,
                                  data_space=CheckpointDataSpace(self.opts.checkpoint_space))
         await self.server.start(shared_store=self.opts.store.is_etcd)
-        self.runner = serving.GuardedRunner(self.server.app, handler_cancellation=True, access_log=None)
+        self.runner = serving.GuardedRunner(self.server.app, handler_cancellation=True, access_log=None,
+                                            max_line_size=MAX_REQUEST_LINE)
         await self.runner.setup()
         ssl_ctx, ca_pem = None, None
         if not self.opts.insecure_http:

@@ -69,7 +69,7 @@ def test_the_verb_and_the_handler_read_watch_by_one_function(value, watch) -> No
 
 
 @pytest.mark.parametrize("selector,allowed", [
-    ("spec.nodeName=a", True), ("spec.nodeName==a", True), ("spec.nodeName = a", True),
+    ("spec.nodeName=a", True), ("spec.nodeName==a", True), ("spec.nodeName = a", False),
     ("metadata.name=x,spec.nodeName=a", True), ("spec.nodeName=b", False), ("spec.nodeName!=a", False),
     ("spec.nodeName", False), ("", False)])
 @in_loop
