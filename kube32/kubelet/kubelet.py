@@ -89,6 +89,7 @@ from .server import build_app, server_ssl
 
 __all__ = ["Kubelet", "KubeletOptions"]
 
+LEASE_RETRY_FIRST = 0.2   # seconds before a failed Lease renewal is tried again (doubling)
 log = logging.getLogger("kube32.kubelet")
 
 
@@ -355,11 +356,20 @@ class Kubelet:
 
     async def _lease_loop(self) -> None:
         name = self.options.node_name
+        interval = self.options.lease_interval
         refused = False
+        retry = LEASE_RETRY_FIRST
         while True:
+            began = time.monotonic()
             try:
                 await self._renew_lease(name)
                 refused = False
+                retry = LEASE_RETRY_FIRST
+                # The next renewal an interval after this one began, not after it ended: on
+                # a busy loop (a fleet starting 10,000 pods) a renewal that took seconds must
+                # not push every later one back, two of them past the grace period (issue 25).
+                await asyncio.sleep(max(interval - (time.monotonic() - began), 0.0))
+                continue
             except ApiError as e:
                 if e.code == 401 and not refused:
                     # Said once, plainly: each renewal after it would only repeat the 401.
@@ -368,9 +378,16 @@ class Kubelet:
                               "this kubelet cannot report until it is restarted with the bootstrap kubeconfig",
                               name)
                 refused = e.code == 401
-                if not refused:
-                    log.warning("cannot renew the node lease: %s", e)
-            await asyncio.sleep(self.options.lease_interval)
+                if not refused:   # the first failure of a run of them is a warning, its retries not
+                    log.log(logging.WARNING if retry == LEASE_RETRY_FIRST else logging.DEBUG,
+                            "cannot renew the node lease: %s", e)
+            if refused:
+                await asyncio.sleep(interval)
+                continue
+            # As Kubernetes' lease controller retries a failed update at once: again soon
+            # (0.2 s, doubling), never later than the next renewal was due.
+            await asyncio.sleep(min(retry, interval))
+            retry = min(retry * 2, interval)
 
     async def _renew_lease(self, name: str) -> None:
         """One request per renewal, as the kubelet's lease controller does once it has its
