@@ -55,6 +55,7 @@ import base64
 import dataclasses
 import json
 import logging
+import random
 import math
 import time
 import uuid
@@ -90,6 +91,7 @@ from .server import build_app, server_ssl
 __all__ = ["Kubelet", "KubeletOptions"]
 
 LEASE_RETRY_FIRST = 0.2   # seconds before a failed Lease renewal is tried again (doubling)
+LEASE_JITTER = 0.04       # a renewal's interval is drawn from [interval, interval * 1.04]
 log = logging.getLogger("kube32.kubelet")
 
 
@@ -368,7 +370,10 @@ class Kubelet:
                 # The next renewal an interval after this one began, not after it ended: on
                 # a busy loop (a fleet starting 10,000 pods) a renewal that took seconds must
                 # not push every later one back, two of them past the grace period (issue 25).
-                await asyncio.sleep(max(interval - (time.monotonic() - began), 0.0))
+                # Jittered by up to 4%, as Kubernetes' lease controller (JitterUntil 0.04):
+                # a thousand boards started together do not renew together for ever.
+                due = interval * (1 + LEASE_JITTER * random.random())
+                await asyncio.sleep(max(due - (time.monotonic() - began), 0.0))
                 continue
             except ApiError as e:
                 if e.code == 401 and not refused:

@@ -236,5 +236,5 @@ def test_the_lease_keeps_its_cadence_and_a_failed_renewal_is_tried_again_soon() 
         await asyncio.gather(task, return_exceptions=True)
     asyncio.run(main())
     assert len(calls) >= 3
-    assert 0.9 <= calls[1] - calls[0] <= 1.2, calls   # not 1.6: the interval counts from the start
+    assert 0.9 <= calls[1] - calls[0] <= 1.25, calls  # not 1.6: the interval (+4% jitter) counts from the start
     assert 0.15 <= calls[2] - calls[1] <= 0.45, calls  # the failed one again soon
