@@ -156,7 +156,7 @@ class FairShare:
     def _holding(self, key: str) -> int:
         return self._held.get(key, 0)
 
-    def _rank(self, key: str) -> tuple[int, int, int]:
+    def _rank(self, key: str) -> tuple[int, ...]:
         return self._holding(key), self._served.get(key, 0), self._queues[key][0].seq
 
     def _take(self, waiter: Waiter) -> None:
