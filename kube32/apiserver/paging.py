@@ -192,12 +192,16 @@ class Listing:
     """One list: :meth:`open` reads its first page (every refusal comes then, before an
     answer is begun); iterating yields its items (:class:`Item`), and afterwards ``revision``,
     ``token`` ("" on the last page) and ``remaining`` (None: unknown) describe it.
-    ``decoded``: decode every object (else only those a selector must look at)."""
+    ``decoded``: decode every object (else only those a selector must look at).
+    ``token_prefix``: the prefix continue tokens are relative to (the list's resource's and
+    namespace's, as :func:`list_options` reads them), when ``prefix``, what is read, is
+    narrower (one name's keys: a ``metadata.name`` selector)."""
 
     def __init__(self, store: Store, prefix: str, options: ListOptions,
                  decode: Callable[[KeyValue], Obj], keep: Callable[[Obj], bool] | None,
-                 decoded: bool = True) -> None:
+                 decoded: bool = True, token_prefix: str | None = None) -> None:
         self.store, self.prefix, self.options = store, prefix, options
+        self.token_prefix = token_prefix if token_prefix is not None else prefix
         self.decode, self.keep, self.decoded = decode, keep, decoded
         self.revision = 0
         self.token = ""
@@ -217,7 +221,7 @@ class Listing:
                                          count=bool(self.options.limit) and self.keep is None)
         except Compacted as e:
             if self.options.continued:
-                fresh = encode_token(self.prefix, -1, after)
+                fresh = encode_token(self.token_prefix, -1, after)
                 raise Expired(EXPIRED_TOKEN, fresh) from None
             raise Expired(f"The resourceVersion for the provided list is too old: {revision} "
                           f"(history before {e.compacted_revision} is compacted); list again without it") from None
@@ -255,7 +259,7 @@ class Listing:
 
     def _stopped_at(self, key: str, left: int) -> None:
         if left:
-            self.token = encode_token(self.prefix, self.revision, key)
+            self.token = encode_token(self.token_prefix, self.revision, key)
             self.remaining = left if self.keep is None else None
 
     def metadata(self) -> Obj:

@@ -984,9 +984,10 @@ class Registry:
 
     @staticmethod
     def _watch_prefix(res: Resource, ns: str | None, fields: FieldSelector | None) -> str:
-        """The store prefix a watch needs: one object's key (and the keys it begins,
-        which the selector then drops) for a watch on ``metadata.name=<name>``, so it is
-        not woken by every write to its kind; else the kind's (namespace's) prefix."""
+        """The store prefix a watch or a list needs: one object's key (and the keys it
+        begins, which the selector then drops) for ``metadata.name=<name>``, so a watch is
+        not woken by every write to its kind and a list reads one name; else the kind's
+        (namespace's) prefix."""
         name = fields.value_of("metadata.name") if fields is not None else None
         if name and (ns or not res.namespaced):
             return res.key(ns, name)
@@ -1006,7 +1007,10 @@ class Registry:
             # pods): from the index when it is fresh, not a scan of every pod.
             return nodeindex.NodeListing(self.pods_by_node, ns, node, self.store, res.prefix(ns), options,
                                          self._shared_decode, keep, decoded)
-        return paging.Listing(self.store, res.prefix(ns), options, self._shared_decode, keep, decoded)
+        # One name's keys only for a metadata.name selector (a kubelet's list of its Node,
+        # `kubectl get pod X -w`): at 10,000 pods a read and decode of every pod for one.
+        return paging.Listing(self.store, self._watch_prefix(res, ns, fields), options, self._shared_decode, keep,
+                              decoded, token_prefix=res.prefix(ns))
 
     async def watch(self, res: Resource, ns: str | None, labels: LabelSelector | None,
                     fields: FieldSelector | None, resource_version: str | None

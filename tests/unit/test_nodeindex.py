@@ -261,3 +261,36 @@ def test_the_index_answers_what_the_scan_answers_at_its_revision(steps: list[tup
         finally:
             await _close(registry, store)
     asyncio.run(main())
+
+
+def test_a_list_by_name_reads_that_names_keys_and_pages_with_the_namespaces_tokens() -> None:
+    # Issue 25: `metadata.name=<x>` (a kubelet's Node, `kubectl get pod x -w`) read and
+    # decoded every object of the kind.
+    async def main() -> None:
+        registry, store = await _cluster(index=False)
+        try:
+            for name in ("a", "ab", "abc", "b"):
+                await registry.create(PODS, "default", pod(name, "default", "n1"))
+            read: list[str] = []
+            page = store.page
+
+            async def spied(prefix: str, **kw: Any) -> Any:
+                read.append(prefix)
+                return await page(prefix, **kw)
+            store.page = spied  # type: ignore[method-assign]
+            fields = parse_field_selector("metadata.name=a")
+            listing = await registry.listing(PODS, "default", None, fields, paging.ListOptions()).open()
+            assert [i.kv.key async for i in listing] == [PODS.key("default", "a")]
+            assert read == [PODS.key("default", "a")]
+            # A token of a list of the namespace still continues one by name.
+            options = paging.list_options({"limit": "1"}, PODS.prefix("default"))
+            first = await registry.listing(PODS, "default", None, parse_field_selector("metadata.name!=b"),
+                                           options).open()
+            assert [i.kv.key async for i in first] == [PODS.key("default", "a")] and first.token
+            options = paging.list_options({"limit": "5", "continue": first.token}, PODS.prefix("default"))
+            rest = await registry.listing(PODS, "default", None, parse_field_selector("metadata.name=abc"),
+                                          options).open()
+            assert [i.kv.key async for i in rest] == [PODS.key("default", "abc")]
+        finally:
+            await _close(registry, store)
+    asyncio.run(main())
