@@ -67,8 +67,27 @@ def allocatable(resources: dict[str, Any]) -> dict[str, Fraction]:
 
 
 def node_allocatable(node: Obj) -> dict[str, Fraction]:
+    """:func:`allocatable` of a Node, parsed once for each version of it (by uid and
+    resourceVersion): the scheduler asks three times for every node for each pod it places,
+    and parsing a thousand nodes' quantities for each of a lost node's pods was an eighth
+    of the control plane (issue 25).  The answer is shared: read it, never change it."""
+    md = objects.meta(node)
+    version = (md.get("uid"), md.get("resourceVersion"))
+    if version[1] is not None:
+        cached = _ALLOCATABLE.get(version)
+        if cached is not None:
+            return cached
     status = objects.status(node)
-    return allocatable({**(status.get("capacity") or {}), **(status.get("allocatable") or {})})
+    out = allocatable({**(status.get("capacity") or {}), **(status.get("allocatable") or {})})
+    if version[1] is not None:
+        if len(_ALLOCATABLE) >= _ALLOCATABLE_KEPT:
+            _ALLOCATABLE.clear()   # versions of nodes long gone: parsed again when asked
+        _ALLOCATABLE[version] = out
+    return out
+
+
+_ALLOCATABLE: dict[tuple[Any, Any], dict[str, Fraction]] = {}
+_ALLOCATABLE_KEPT = 8192
 
 
 def pod_is_active(pod: Obj) -> bool:

@@ -1,5 +1,6 @@
-"""The snapshot slot (issue 25): a move or a requested Save goes before every periodic
-Save, and a status write guarded against a change is not refused for a mark alone."""
+"""Issue 25, what the 1,000-node drain and loss found: in the snapshot slot a move or a
+requested Save goes before every periodic Save; a status write guarded against a change
+is not refused for a mark alone; a Node's allocatable is parsed once a version."""
 from __future__ import annotations
 
 import asyncio
@@ -42,3 +43,15 @@ def test_a_mark_alone_is_no_change_to_a_guarded_write() -> None:
     assert not _same_but_marks(a, {**a, "status": {"phase": "Failed"}})
     assert not _same_but_marks(a, {**a, "metadata": {**a["metadata"], "deletionTimestamp": "2026-12-04T00:00:00Z"}})
     assert not _same_but_marks(a, {**a, "spec": {"podName": "m", "action": "Save"}})
+
+
+def test_a_nodes_allocatable_is_parsed_once_a_version() -> None:
+    from kube32.podfit import node_allocatable
+    node = {"metadata": {"uid": "n-1", "resourceVersion": "5"},
+            "status": {"allocatable": {"memory": "512Ki", "pods": "16"}}}
+    first = node_allocatable(node)
+    assert node_allocatable(node) is first and first["pods"] == 16
+    changed = {"metadata": {"uid": "n-1", "resourceVersion": "6"}, "status": {"allocatable": {"pods": "8"}}}
+    assert node_allocatable(changed)["pods"] == 8
+    unversioned = {"status": {"allocatable": {"pods": "4"}}}
+    assert node_allocatable(unversioned)["pods"] == 4
